@@ -63,6 +63,6 @@ def test_csv_columns_are_plain_numbers_in_one_unit():
                                                           ["2", "2.63 s", "102.44 MiB", "-", "OOM +1.00 GiB"]])
     text = "\n".join(ln for ln in render(a, "csv").splitlines() if not ln.startswith("#"))
     rows = list(csv.reader(io.StringIO(text)))
-    assert rows[0] == ["rank", "iter (s)", "peak GPU (bytes)", "MFU (%)", "status"]
-    assert rows[1] == ["1", "0.05398", str(round(4.13 * 2**30)), "45.3", "OK"]
-    assert rows[2] == ["2", "2.63", str(round(102.44 * 2**20)), "", "OOM +1.00 GiB"]
+    assert rows[0] == ["rank", "iter (s)", "peak GPU (GiB)", "MFU (%)", "status"]  # bytes: the largest unit printed
+    assert rows[1] == ["1", "0.05398", "4.13", "45.3", "OK"]
+    assert rows[2] == ["2", "2.63", "0.10004", "", "OOM +1.00 GiB"]  # 102.44 MiB to its own 5 digits

@@ -63,7 +63,9 @@ def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, d
     with folder as outf, status_line("memplan", quiet=quiet, force=progress) as say:
         if csv_file or trace_file:
             result, drawings = _plan_file(csv_file, trace_file, profile, _profile_given(), time_limit, solver, say)
+            placement = [(b.id, int(result["offsets"][b.id]), b.size) for b in drawings[0][1].buffers]
         else:
+            placement = None
             model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, kv_heads, head_dim,
                                 mtp_layers)
             result, drawings = _plan_model(model,
@@ -75,7 +77,7 @@ def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, d
             draw_placement(tr, offsets, peak, outf.stage / name)
             figures.append(str(outf.path(name)))
     result["figures"] = figures
-    answer = memplan_answer(result)
+    answer = memplan_answer(result, placement)
     if "arena_bytes" in result:  # a model's plan: its arena against the GPU (a file's: memplan_answer says it)
         answer.line(_arena_fit_words(result, profile))
     emit(answer, fmt, result)

@@ -2,9 +2,10 @@
 
 A command builds its answer as a verdict line, notes and `Table`s and hands them to `emit`,
 which writes them in the asked format: the terminal's aligned text (`render_table`), CSV (one
-block per table, a ``# title`` line before each; the cells as the table prints them, units included:
-JSON carries the numbers) or Markdown (a heading and a pipe table per
-table). JSON is the command's own object (``--json`` stays an alias of ``--format json``).
+block per table, a ``# title`` line before each; a column of numbers as numbers in one unit named in its header,
+to the digits the table prints, a missing one empty: `csv_numbers`; JSON carries the numbers exact) or Markdown
+(a heading and a pipe table per table). JSON is the command's own object (``--json`` stays an alias of
+``--format json``).
 """
 
 from __future__ import annotations
@@ -102,32 +103,61 @@ def render(answer: Answer, fmt: str) -> str:
 
 # a table cell's number with its unit, as `memo_sim.units` prints them: the CSV's column in one unit
 _CELL = re.compile(r"\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*(us|ms|s|B|KiB|MiB|GiB|TiB|%)\s*")
+_PLAIN = re.compile(r"\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*")  # a number without a unit (a count, TGS, alpha)
+_MISSING = ("", "-")  # how a table cell says "no number" (`memo_sim.report.sweep_text.run_cells`, the what-if's rows)
 _BASE = {"us": ("s", 1e-6), "ms": ("s", 1e-3), "s": ("s", 1.0), "B": ("bytes", 1), "KiB": ("bytes", 1024),
          "MiB": ("bytes", 1024**2), "GiB": ("bytes", 1024**3), "TiB": ("bytes", 1024**4), "%": ("%", 1.0)}
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")  # smallest first; ``B`` is written ``bytes`` in a header
+
+
+def _significant(digits: str) -> int:
+    """The significant digits of a printed number (``102.44`` -> 5, ``0.50`` -> 2, ``512`` -> 3)."""
+    return max(1, len(digits.replace("-", "").replace(".", "").lstrip("0")))
 
 
 def csv_numbers(headers: list[str], rows: list[list[str]]) -> tuple[list[str], list[list[str]]]:
     """A table's columns whose every value is a number with a unit (``53.98 ms``, ``2.63 s``; ``4.13 GiB``;
-    ``45.3%``; ``-`` for none) as plain numbers in one unit, named in the header (``iter (s)``, ``peak GPU
-    (bytes)``, ``MFU (%)``), none left empty: a CSV reader gets numbers, not the aligned table's words. The
-    numbers are the table's, to its printed digits (``--json`` carries them exact)."""
+    ``45.3%``) as plain numbers in one unit, named in the header (``iter (s)``, ``peak GPU (GiB)``, ``MFU (%)``):
+    a CSV reader gets numbers, not the aligned table's words. A column of numbers without a unit loses its
+    thousands separators. A missing number (``-``) is an empty cell in every number column, with or without a
+    unit. The numbers are the table's, to its printed digits (``--json`` carries them exact): the tables hold
+    text (`Table`), so a byte column is written in the largest binary unit its cells print (``4.13 GiB`` stays
+    4.13, ``102.44 MiB`` beside it is 0.10004 GiB: its own significant digits), never as an integer of bytes
+    the printed digits do not hold (a review: 2.12 GiB was written 2276332667 where the JSON says 2275605504)."""
     out = [list(r) for r in rows]
     heads = list(headers)
     for j in range(len(headers)):
-        cells = [r[j] for r in rows if j < len(r)]
-        matched = [_CELL.fullmatch(str(c)) for c in cells if str(c).strip() not in ("", "-")]
+        cells = [str(r[j]) for r in rows if j < len(r) and str(r[j]).strip() not in _MISSING]
+        if cells and all(_PLAIN.fullmatch(c) for c in cells):
+            for r in out:
+                if j < len(r):
+                    m = _PLAIN.fullmatch(str(r[j]))
+                    r[j] = m.group(1).replace(",", "") if m else ""
+            continue
+        matched = [_CELL.fullmatch(c) for c in cells]
         units = {_BASE[m.group(2)][0] for m in matched if m}
         if not matched or not all(matched) or len(units) != 1:
             continue
         unit = units.pop()
-        heads[j] = f"{headers[j]} ({unit})"
+        if unit == "bytes":  # the largest unit printed in the column
+            col = max((m.group(2) for m in matched), key=_BYTE_UNITS.index)
+            heads[j] = f"{headers[j]} ({'bytes' if col == 'B' else col})"
+        else:
+            heads[j] = f"{headers[j]} ({unit})"
         for r in out:
             m = _CELL.fullmatch(str(r[j])) if j < len(r) else None
-            if m:
-                v = float(m.group(1).replace(",", "")) * _BASE[m.group(2)][1]
-                r[j] = f"{v:.6g}" if unit == "s" else (f"{v:.0f}" if unit == "bytes" else f"{v:g}")
-            elif j < len(r):
-                r[j] = ""
+            if not m:
+                if j < len(r):
+                    r[j] = ""
+                continue
+            digits = m.group(1).replace(",", "")
+            v = float(digits) * _BASE[m.group(2)][1]
+            if unit != "bytes":
+                r[j] = f"{v:.6g}" if unit == "s" else f"{v:g}"
+            elif m.group(2) == col:
+                r[j] = digits
+            else:
+                r[j] = f"{v / _BASE[col][1]:.{_significant(digits)}g}"
     return heads, out
 
 

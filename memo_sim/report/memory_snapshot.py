@@ -98,8 +98,8 @@ def allocation_stream(res: SimResult, device: int = 0) -> list[Allocation]:
         delta = s.nbytes - level
         level = s.nbytes
         cands = pool.get(s.time) or []
-        if not cands:
-            raise MemoError(f"no allocation at {s.time} s to match the simulator's memory sample")
+        if not cands:  # the engine samples every MemAction it applies (core.Engine._apply): a bug, not bad input
+            raise RuntimeError(f"internal error: no allocation at {s.time} s to match the simulator's memory sample")
         best = min(range(len(cands)), key=lambda i: (abs(cands[i].nbytes - delta), i))
         out.append(cands.pop(best))
     return out
@@ -297,6 +297,8 @@ def _snapshot(stream: list[Allocation], config: AllocatorConfig, device: int, oo
                    "name": f"{a.tensor} ({a.phase})"}]
         t_us = int(round(a.time_s * 1e6))
         size = int(round(abs(a.nbytes)))
+        if size == 0:  # PyTorch's allocator records nothing for an empty tensor (CUDACachingAllocator.cpp
+            continue  # ``NativeCachingAllocator::allocate``: ``if (size != 0)``, a null pointer otherwise)
         if a.nbytes > 0:
             bid = f"{a.tensor}#{k}"
             addr = model.malloc(bid, max(size, 1), step=k)
@@ -309,8 +311,9 @@ def _snapshot(stream: list[Allocation], config: AllocatorConfig, device: int, oo
                           "frames": frames})
         else:
             mine = live.get(a.tensor) or []
-            if not mine:
-                raise MemoError(f"the simulator frees {a.tensor!r} at {a.time_s} s without an allocation")
+            if not mine:  # the schedules name each free after its allocation: a bug in one, not bad input
+                raise RuntimeError(f"internal error: the simulator frees {a.tensor!r} at {a.time_s} s without an "
+                                   f"allocation of that name")
             i = min(range(len(mine)), key=lambda j: (abs(mine[j][1] - size), -j))
             bid, was = mine.pop(i)
             addr = model.address_of(bid)

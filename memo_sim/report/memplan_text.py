@@ -26,8 +26,13 @@ def _allocator_words(ca: dict) -> str:
             + (", out of memory" if ca["oom"] else ""))
 
 
-def memplan_answer(result: dict) -> Answer:
-    """A verdict, the solutions as one table, the caching allocator on the same requests, figures."""
+PLACEMENT_HEAD = ["tensor", "offset (bytes)", "size (bytes)"]
+
+
+def memplan_answer(result: dict, placement: list[tuple[str, int, int]] | None = None) -> Answer:
+    """A verdict, the solutions as one table, the caching allocator on the same requests, figures. A file's
+    problem (``--csv``/``--trace``) also gets its answer, ``placement``: each buffer's (id, offset, size) in the
+    file's order, as whole bytes (the ``offsets`` of ``--json``; a review: table, csv and md printed no offset)."""
     if "level2_model" in result:
         a = Answer(f"answer: {result['model']} {result['layout']} {result['policy']}, {fmt_count(result['seq_tokens'])} tokens: "
                    f"static plan arena {fmt_bytes(result['arena_bytes'])} (level 2, memory plan)")
@@ -47,6 +52,9 @@ def memplan_answer(result: dict) -> Answer:
             a.table(["phase", "time", "peak", "detail"],
                     [[ph["phase"], fmt_time(ph["time_s"]), fmt_bytes(ph["peak_bytes"]), ph.get("detail", "")]
                      for ph in phases])
+        if placement:
+            a.table(PLACEMENT_HEAD, [[str(t), str(off), str(size)] for t, off, size in placement],
+                    title=f"placement: each buffer's offset in the {result['peak_bytes']} B arena")
         a.line("caching allocator on the same requests: " + _allocator_words(result["caching_allocator"]))
     for f in result.get("figures") or ():
         a.line(f"figure: {f}")

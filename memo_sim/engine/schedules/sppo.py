@@ -73,6 +73,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import is_offloaded, output_write_waits_for, prefetch_after_backward_of
+from memo_sim.policy.sppo import UnitBytes
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.timeline import COPY_STREAMS
 
@@ -360,7 +361,7 @@ class _PipelineBuilder:
                 deps = deps + [self.gathers[(s, j)]]
             tag = f"L{layer}{suffix}"
             work = MemAction("gpu", f"{tag}.fwd.working", work_bytes)
-            kept = (MemAction("gpu", f"{tag}.skeletal", ub.skeletal), MemAction("gpu", f"{tag}.lse", ub.lse))
+            kept = _skeletal(tag, ub, offl[u], 1.0) + (MemAction("gpu", f"{tag}.lse", ub.lse),)
             w = waits[u]
             ops, tail = emit_chain(
                 g, fcosts, device=d, layer=layer, phase="fwd", deps=deps, layout=self.shard, profile=self.profile,
@@ -374,7 +375,7 @@ class _PipelineBuilder:
                 op = g.add(offload_name, device=d, stream="d2h", kind="copy", phase="offload",
                            layer=layer, work=ub.offload, nbytes=ub.offload, direction="d2h", deps=tail,
                            mem_start=(MemAction("host", f"{tag}.offload", ub.host_block),),
-                           mem_end=(MemAction("gpu", f"{tag}.skeletal.offloaded", -ub.offload),))
+                           mem_end=(MemAction("gpu", f"{tag}.skeletal.offloaded", -ub.offload),))  # _skeletal's
                 offload[(s, u)] = op
                 sched.copies[(s, k, layer, "offload")] = op
         return tail
@@ -421,14 +422,17 @@ class _PipelineBuilder:
         the stage has no layers) and the stage's latest gradient-sync op (``last_dp`` if none)."""
         g, sched, sync, shard, model = self.g, self.sched, self.sync, self.shard, self.model
         d = self.devices[s].index
-        inf = self.info[s]
+        inf, ps = self.info[s], self.pieces[s]
         n_k, n_l = inf["n_k"], inf["n_l"]
         units, offl, after, work_bytes = inf["units"], inf["offl"], inf["after"], inf["work"]
         stage_layers_s = self.layers[s]
         bcosts = self.unit_costs(pc, n_k != 1)[1]
         suffix = "" if n_k == 1 else "@" + pc.tag()
         prefetch_name = _name("prefetch", pc, n_k)
-        kv_start = self.kv_of(pc.start) if k == n_k - 1 and n_k > 1 and pc.start > 0 else 0.0
+        # the dK/dV accumulators of the pieces before this one: allocated at the stage's first backward of each
+        # layer (the last piece's), one per earlier piece, each freed after that piece's backward of the layer, so
+        # each free names the allocation of its size (`memo_sim.report.memory_snapshot` pairs them by name)
+        kv_start = ps[:k] if k == n_k - 1 and n_k > 1 and pc.start > 0 else []
         kv_own = self.kv_of(pc.tokens) if k < n_k - 1 else 0.0
         for j in range(n_l - 1, -1, -1):
             u = k * n_l + j
@@ -439,7 +443,7 @@ class _PipelineBuilder:
                 pf = g.add(prefetch_name, device=d, stream="h2d", kind="copy", phase="prefetch",
                            layer=layer, work=ub.offload, nbytes=ub.offload, direction="h2d",
                            deps=bwd_end[after[u]],
-                           mem_start=(MemAction("gpu", f"{tag}.skeletal.prefetched", ub.offload),),
+                           mem_start=(MemAction("gpu", f"{tag}.skeletal.offloaded", ub.offload),),  # _skeletal's
                            mem_end=(MemAction("host", f"{tag}.offload", -ub.host_block),))
                 sched.copies[(s, k, layer, "prefetch")] = pf
                 deps = deps + [pf]
@@ -448,12 +452,12 @@ class _PipelineBuilder:
             if s == self.pp - 1 and j == n_l - 1:
                 start += (MemAction("gpu", f"classifier.dgrad@{pc.tag()}",
                                     -shard_tokens_bytes(shard, self.batch, pc.tokens, model.hidden, self.dt)),)
-            if k == n_k - 1 and n_k > 1 and pc.start > 0:
-                start += (MemAction("gpu", f"L{layer}.dkv_accumulators", kv_start),)
-            end = (MemAction("gpu", work.tensor, -work.nbytes), MemAction("gpu", f"{tag}.skeletal", -ub.skeletal),
-                   MemAction("gpu", f"{tag}.lse", -ub.lse))
+            start += tuple(MemAction("gpu", f"L{layer}.dkv_accumulators@{q.tag()}", self.kv_of(q.tokens))
+                           for q in kv_start)
+            end = ((MemAction("gpu", work.tensor, -work.nbytes),) + _skeletal(tag, ub, offl[u], -1.0)
+                   + (MemAction("gpu", f"{tag}.lse", -ub.lse),))
             if k < n_k - 1:
-                end += (MemAction("gpu", f"L{layer}.dkv_accumulators", -kv_own),)
+                end += (MemAction("gpu", f"L{layer}.dkv_accumulators@{pc.tag()}", -kv_own),)
             ops, tail = emit_chain(
                 g, bcosts, device=d, layer=layer, phase="bwd", deps=deps, layout=shard, profile=self.profile,
                 mem_start=start + (work,), mem_end=end)
@@ -464,6 +468,20 @@ class _PipelineBuilder:
                 last_dp = self.dp_op(d, "reducescatter_grads" if self.layout.zero >= 1 else "allreduce_grads",
                                      layer, sync.layer_grad, tail)
         return tail, last_dp
+
+
+def _skeletal(tag: str, ub: UnitBytes, offloaded: bool, sign: float) -> tuple[MemAction, ...]:
+    """A unit's skeletal tensors as GPU allocations (``sign`` 1) or frees (-1): an offloaded unit's rows that go to
+    host (``ub.offload``) are their own allocation ``{tag}.skeletal.offloaded``, freed when the offload ends and
+    allocated again when the prefetch starts, beside the rest ``{tag}.skeletal`` (``ub.skeletal - ub.offload``), so
+    every free names a live allocation of its size (`memo_sim.report.memory_snapshot` pairs them by name). The
+    bytes in use after the pair are the unit's ``ub.skeletal`` as one allocation gave them (the level between the
+    two is lower, so no peak moves)."""
+    if not (offloaded and ub.offload > 0):
+        return (MemAction("gpu", f"{tag}.skeletal", sign * ub.skeletal),)
+    rest = ub.skeletal - ub.offload  # 0 where every row goes to host (alpha 1, no K/V kept)
+    return ((MemAction("gpu", f"{tag}.skeletal", sign * rest),) if rest else ()) + (
+        MemAction("gpu", f"{tag}.skeletal.offloaded", sign * ub.offload),)
 
 
 def _kv(model: ModelConfig, shard: Layout, batch: int, tokens: int) -> float:
