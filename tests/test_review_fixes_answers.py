@@ -102,7 +102,9 @@ def test_maxseq_and_whatif_name_the_same_buffers():
 
     a = max_seq(get_model("llama-3.1-8b"), 8, load_profile("h100-sxm5-80gb"), "checkpoint_offload", step=64 * K,
                 framework="deepspeed", fixed={"ulysses": 8, "zero": 3})
-    assert "buffers 13.50 GiB" not in a.binding and "classifier" in a.binding, a.binding
+    # (with DeepSpeed's Ulysses sending GQA K/V repeated to the query heads, the replay's reserved memory binds)
+    assert "buffers 13.50 GiB" not in a.binding and ("classifier" in a.binding or "reserved memory" in a.binding), \
+        a.binding
 
 
 # 3. a need over its capacity

@@ -82,12 +82,8 @@ def frameworks(name, as_json):
         if name not in fws:
             raise MemoError(f"framework {name!r} unknown; choose one of {', '.join(fws)}")
         fws = {name: fws[name]}
-    if as_json:
-        click.echo(json.dumps({n: {"summary": f.summary, "policies": list(f.policies), "mechanisms": dict(f.mechanisms),
-                                   "layouts": framework_layouts(f),
-                                   "precision": {"recipes": dict(f.recipes), "gemm_formats": list(f.gemm_formats)},
-                                   "not_modelled": list(f.not_modelled), "sources": list(f.sources), "file": f.path}
-                               for n, f in fws.items()}, indent=1))
+    if as_json:  # every field, from the validated file itself (`Framework.file_fields`)
+        click.echo(json.dumps({n: f.file_fields() for n, f in fws.items()}, indent=1))
         return
     if name is not None:
         click.echo("\n".join(framework_lines(fws[name])))
@@ -99,41 +95,52 @@ def frameworks(name, as_json):
                             rows))
 
 
-def framework_layouts(f) -> dict:
-    """The layouts a framework version offers, as its file's ``layouts`` section names them."""
-    experts = None if f.experts is None else {k: v for k, v in f.experts._asdict().items() if k != "balances"}
-    if experts is not None and experts["zero"] is not None:
-        experts["zero"] = list(experts["zero"])
-    return {"tensor_parallel": f.tensor_parallel, "sequence_parallel": list(f.sequence_parallel),
-            "context_parallel": f.context_parallel, "ulysses": f.ulysses, "zero": list(f.zero),
-            "tp_modes": list(f.tp_modes), "schedules": list(f.schedules), "optimizer_offload": f.optimizer_offload,
-            "optimizer_offload_zero": None if f.optimizer_offload_zero is None else list(f.optimizer_offload_zero),
-            "uneven_stages": f.uneven_stages, "embedding_loss_slots": f.embedding_loss_slots,
-            "experts": experts if experts is None else {**experts, "dispatchers": list(experts["dispatchers"])},
-            "dp_modes": list(f.dp_modes), "rank_orders": list(f.rank_orders)}
-
-
 def framework_lines(f) -> list[str]:
     """One framework version in full: what `memo-sim frameworks NAME` prints."""
     yes = lambda on: "yes" if on else "no"  # noqa: E731
-    experts = ("not offered" if f.experts is None else
-               f"EP {yes(f.experts.expert_parallel)}, ETP {yes(f.experts.expert_tensor_parallel)}, dispatchers "
-               f"{', '.join(f.experts.dispatchers)}, expert loads {', '.join(f.experts.balances)}")
+    sp = lambda settings: ", ".join("on" if x else "off" for x in settings)  # noqa: E731
+    e = f.experts
+    experts = ("not offered" if e is None else
+               f"EP {yes(e.expert_parallel)}, ETP {yes(e.expert_tensor_parallel)}, dispatchers "
+               f"{', '.join(e.dispatchers)}, expert loads {', '.join(e.balances)}"
+               + (", EP borrowing its ranks from TP x CP x the FSDP shard group only" if e.ep_within_shards else "")
+               + (f", beside ZeRO {e.zero_words} only" if e.zero is not None else "")
+               + (f", beside TP with SP {sp(e.sequence_parallel)} only"
+                  if e.sequence_parallel is not None and f.tensor_parallel else ""))
     offload = ("no" if not f.optimizer_offload else "yes" if f.optimizer_offload_zero is None
                else f"beside ZeRO {', '.join(map(str, f.optimizer_offload_zero))}")
+    tp = f"TP yes (SP {sp(f.sequence_parallel)}; {', '.join(f.tp_modes)})" if f.tensor_parallel else "TP no"
     out = [f"{f.name}: {f.summary}", f"  policies: {', '.join(f.policies)}",
-           f"  layouts: TP {yes(f.tensor_parallel)} "
-           f"(SP {', '.join('on' if x else 'off' for x in f.sequence_parallel)}; "
-           f"{', '.join(f.tp_modes)}), ring CP {yes(f.context_parallel)}, Ulysses {yes(f.ulysses)}, "
-           f"ZeRO {', '.join(map(str, f.zero))} ({', '.join(f.dp_modes)}), schedules {', '.join(f.schedules)}, "
-           f"uneven stages {yes(f.uneven_stages)}, optimizer offload {offload}, rank orders "
-           f"{', '.join(f.rank_orders)}; experts: {experts}",
+           f"  layouts: {tp}, ring CP {yes(f.context_parallel)}, Ulysses {yes(f.ulysses)}, {_dp_words(f)}, "
+           f"schedules {', '.join(f.schedules)}"
+           + (f" ({', '.join(f.microbatches_at_least_stages)} with at least as many micro-batches as stages)"
+              if f.microbatches_at_least_stages else "")
+           + f", uneven stages {yes(f.uneven_stages)}"
+           + (f" (the embedding and the loss a layer's slot each: {yes(f.embedding_loss_slots)})"
+              if f.uneven_stages else "")
+           + f", optimizer offload {offload}, rank orders {', '.join(f.rank_orders)}"
+           + (" (another order with stages: expert groups of tp x cp ranks)" if f.mapping_equal_groups else "")
+           + ("; its FSDP shards over the CP ranks (never replicated over them)" if f.shards_over_cp else "")
+           + f"; experts: {experts}; multi-token prediction "
+           + ("yes" if f.multi_token_prediction else "no (a model's MTP modules priced without, named)"),
            "  mechanisms: " + ", ".join(f"{k}={v}" for k, v in f.mechanisms),
            "  precision: " + ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "")
-           + "GEMM formats " + ", ".join(f.gemm_formats)]
+           + "GEMM formats " + ", ".join(f.gemm_formats)
+           + "".join(f", {k.replace('_', ' ')}" for k in ("fp8_saved_inputs", "fp8_sp_gathers", "fp8_weights_per_use")
+                     if getattr(f, k)),
+           f"  attention: chunked (Llama 4) {yes(f.chunked_attention)} (else run full causal), QK-norm outputs kept "
+           f"for the backward {yes(f.qk_norm_outputs_kept)}"]
     out += ["  not modelled:"] + [f"  - {x}" for x in f.not_modelled or ("-",)]
     out += ["  sources:"] + [f"  - {x}" for x in f.sources] + [f"  file: {f.path}"]
     return out
+
+
+def _dp_words(f) -> str:
+    """Its data-parallel settings in words: ZeRO stages, or, where it runs FSDP2 alone (torchtitan), ZeRO 0 as the
+    DDP it is and ZeRO 3 as FSDP2 (a review: "ZeRO 0, 3 (fsdp)")."""
+    if f.dp_modes == ("fsdp",):
+        return ", ".join("DDP (ZeRO 0)" if z == 0 else f"FSDP2 (ZeRO {z})" for z in f.zero)
+    return f"ZeRO {', '.join(map(str, f.zero))} ({', '.join(f.dp_modes)})"
 
 
 @click.command("check-plan")

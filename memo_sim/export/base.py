@@ -389,7 +389,9 @@ def optimizer_offload_gap(plan: Plan, framework: str) -> list[Gap]:
     """The optimizer on the host where the framework version does not offer it: on the GPU instead."""
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
-    if not plan.layout.optimizer_offload or get_framework(framework).offloads_optimizer(plan.layout.zero):
+    lay = plan.layout  # over one ZeRO rank the stages are one setting (`Framework.offloads_optimizer`)
+    if not lay.optimizer_offload or get_framework(framework).offloads_optimizer(lay.zero,
+                                                                                 lay.dp * lay.cp * lay.ulysses):
         return []
     return [Gap("the optimizer's states and step on the host (optimizer offload)", "the optimizer on the GPU",
                 PlanChange(layout={"optimizer_offload": False}))]

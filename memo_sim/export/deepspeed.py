@@ -77,17 +77,22 @@ def gaps(plan: Plan) -> list[Gap]:
 
 def _gqa_ulysses_gap(plan: Plan, lay) -> list[Gap]:
     """Megatron-DeepSpeed's Ulysses splits q, k and v of equal widths: with --ds-sequence-parallel-size above 1 its
-    attention asserts ``self.projection_size == self.kv_projection_size`` (megatron/model/transformer.py lines 728-729
-    at 4efb479d, since 8415d03e), so a model with fewer K/V heads than query heads stops at its first forward (a
-    review: Llama-3.1-70B over Ulysses 8 was written as expressed). ``lay``: the layout written."""
+    attention asserts ``self.projection_size == self.kv_projection_size`` before its own repeat_kv, so a model with
+    fewer K/V heads than query heads stops at its first forward unless they are repeated to the query heads in the
+    model (a review: Llama-3.1-70B over Ulysses 8 was written as expressed). That runnable form, every K/V head
+    through the all-to-all repeated to the query heads, is what memo's deepspeed data prices (its ``ulysses_kv``
+    and the source cited beside it, the one place for the fact; a review: the what-if priced K/V heads unrepeated
+    while this gap said they must be). ``lay``: the layout written."""
     m = plan.model
     if lay.ulysses == 1 or m.mla or not m.kv_heads or m.kv_heads == m.heads:
         return []
+    rule = get_framework(FRAMEWORK).mechanism("ulysses_kv")
     return [Gap(f"DeepSpeed-Ulysses over {lay.ulysses} GPUs with {m.kv_heads} K/V heads for {m.heads} query heads "
                 f"(grouped-query)",
                 "written as planned, but Megatron-DeepSpeed's attention asserts projection_size == kv_projection_size "
-                "under --ds-sequence-parallel-size (transformer.py lines 728-729 at 4efb479d): the script stops at its "
-                "first forward unless the K/V heads are repeated to the query heads in the model by hand")]
+                "under --ds-sequence-parallel-size: the script stops at its first forward unless the K/V heads are "
+                f"repeated to the query heads in the model by hand, the all-to-all memo prices for {FRAMEWORK} "
+                f"(ulysses_kv {rule}; the source: memo-sim frameworks {FRAMEWORK})")]
 
 
 def _heads_gap(plan: Plan, earlier: list[Gap]) -> list[Gap]:
@@ -333,7 +338,10 @@ def config(plan: Plan, applied: list[Gap]) -> dict:
         "train_batch_size": batch * lay.dp,
         "train_micro_batch_size_per_gpu": plan.micro_batch,
         "gradient_accumulation_steps": batch // plan.micro_batch,
-        "zero_optimization": {"stage": lay.zero, "overlap_comm": True, "contiguous_gradients": True,
+        # stage 0 with offload_optimizer asserts at DeepSpeed's first step (DeepSpeedCPUAdam over GPU parameters):
+        # a single-replica offload plan (ZeRO 0 in memo, one rank shards nothing) is written as stage 1
+        "zero_optimization": {"stage": max(lay.zero, 1) if lay.optimizer_offload else lay.zero, "overlap_comm": True,
+                              "contiguous_gradients": True,
                               **({"offload_optimizer": {"device": "cpu", "pin_memory": True}}
                                  if lay.optimizer_offload else {})},
         "gradient_clipping": 1.0,

@@ -60,9 +60,11 @@ whether it offers expert parallelism (``expert_parallel``) and expert tensor par
 (``expert_tensor_parallel``), its token dispatchers (`memo_sim.layout.moe_dispatchers`) and the
 expert-load settings it can run (``balances``, `memo_sim.layout.moe_balance`: ``forced`` where it routes
 every expert the same tokens, ``random`` where it routes by random logits, ``capacity`` where it drops and
-pads to a capacity factor; default ``dropless`` and ``measured``, its own router's loads) and the ZeRO stages its
-MoE layers run beside (``zero``, default every stage it offers: DeepSpeed's native MoE refuses ZeRO stage 3); a
-framework without the section is refused a MoE model (one line).
+pads to a capacity factor; default ``dropless`` and ``measured``, its own router's loads), the ZeRO stages its
+MoE layers run beside (``zero``, default every stage it offers: DeepSpeed's native MoE refuses ZeRO stage 3) and the
+sequence-parallel settings they run beside TP (``sequence_parallel``, default the dense layouts': Megatron-LM's
+MoELayer raises in training with TP and without SP); a framework without the section is refused a MoE model (one
+line).
 
 A file's ``precision`` section says how the framework keeps model states and which GEMM formats it
 offers: ``recipes`` maps a model dtype to the model-state recipe the framework runs it with
@@ -92,7 +94,7 @@ its mechanisms applied (`Framework.adapt`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -141,6 +143,8 @@ class _ExpertsIn(BaseModel):
     balances: tuple[Literal[BALANCE_KINDS], ...] = ("dropless", "measured")
     # the ZeRO stages its MoE layers run beside (None: every stage it offers)
     zero: tuple[Literal[0, 1, 2, 3], ...] | None = None
+    # the SP settings its MoE layers run beside TP (None: the dense ones, ``layouts.sequence_parallel``)
+    sequence_parallel: tuple[bool, ...] | None = Field(None, min_length=1)
 
 
 class ExpertsOffer(NamedTuple):
@@ -152,6 +156,7 @@ class ExpertsOffer(NamedTuple):
     ep_within_shards: bool  # EP within TP x CP x the FSDP shard group
     balances: tuple[str, ...]  # `memo_sim.layout.moe_balance` kinds
     zero: tuple[int, ...] | None = None  # the ZeRO stages its MoE layers run beside (None: all it offers)
+    sequence_parallel: tuple[bool, ...] | None = None  # the SP settings beside TP (None: the dense layouts')
 
     @property
     def zero_words(self) -> str:
@@ -285,6 +290,18 @@ class Framework:
     rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)  # the orders it numbers ranks in (`layout.rank_order`)
     mapping_equal_groups: bool = False  # another order needs etp x ep = tp x cp (`_LayoutsIn`)
     trains_moe: bool = False  # the layouts asked of it are a mixture of experts' (`for_layouts_of`)
+    # its file as validated, every field with its default filled in (`file_fields`; not compared)
+    parsed: "_FrameworkIn | None" = field(default=None, compare=False, repr=False)
+
+    def file_fields(self) -> dict:
+        """Every field of its file as read, defaults filled in, from the validated model itself (so that a field
+        added to the schema is never left out: `memo-sim frameworks --json`; a review found ten dropped by a
+        hand-written list), the defaults it resolves at read time as resolved, and the file's path."""
+        if self.parsed is None:
+            raise MemoError(f"framework {self.name}: built without its file; only `load_frameworks` ones have fields")
+        out = self.parsed.model_dump(mode="json")
+        out["layouts"]["embedding_loss_slots"] = self.embedding_loss_slots  # None in the file: as uneven_stages
+        return {**out, "file": self.path}
 
     def for_layouts_of(self, model: ModelConfig) -> "Framework":
         """This framework as it lays out ``model``: a mixture of experts' layouts keep to what its MoE layers run
@@ -336,6 +353,9 @@ class Framework:
             what = "tensor parallelism"
         elif lay.tp > 1 and lay.sp not in self.sequence_parallel:
             what = "TP with" + ("" if lay.sp else "out") + " sequence parallelism"
+        elif (self.trains_moe and self.experts is not None and self.experts.sequence_parallel is not None
+              and lay.tp > 1 and lay.sp not in self.experts.sequence_parallel):
+            what = "TP with" + ("" if lay.sp else "out") + " sequence parallelism beside MoE layers"
         elif lay.cp > 1 and not self.context_parallel:
             what = "ring context parallelism"
         elif lay.ulysses > 1 and not self.ulysses:
@@ -350,7 +370,7 @@ class Framework:
             what = f"an FSDP shard group of {lay.fsdp_shard}, not a multiple of the {lay.cp} context-parallel ranks"
         elif lay.tp_mode not in self.tp_modes:
             what = f"tp_mode {lay.tp_mode}"
-        elif lay.optimizer_offload and not self.offloads_optimizer(lay.zero):
+        elif lay.optimizer_offload and not self.offloads_optimizer(lay.zero, lay.dp * lay.cp * lay.ulysses):
             what = "optimizer offload" + (f" at ZeRO stage {lay.zero}" if self.optimizer_offload else "")
         elif lay.uneven and not self.uneven_stages:
             what = "uneven pipeline stages"
@@ -408,9 +428,15 @@ class Framework:
                     f"{micro_batches} for pp {pp} (PyTorch's Schedule1F1B raises below that)")
         return None
 
-    def offloads_optimizer(self, zero: int) -> bool:
-        """Whether it keeps the optimizer's states and step on the host beside ZeRO stage ``zero``."""
-        return self.optimizer_offload and (self.optimizer_offload_zero is None or zero in self.optimizer_offload_zero)
+    def offloads_optimizer(self, zero: int, zero_group: int = 2) -> bool:
+        """Whether it keeps the optimizer's states and step on the host beside ZeRO stage ``zero``, ZeRO sharding
+        over ``zero_group`` ranks (dp x cp x ulysses): over one rank the stages shard nothing and are one setting
+        (memo enumerates ZeRO 0 alone there), so e.g. Megatron's distributed optimizer over a data-parallel group of
+        1 with --optimizer-cpu-offload is its ZeRO 0 layout."""
+        if not self.optimizer_offload:
+            return False
+        allowed = self.optimizer_offload_zero
+        return allowed is None or zero in allowed or (zero_group == 1 and bool(allowed))
 
     def adapt(self, lay: Layout, profile=None) -> Layout:
         """The layout as this framework runs it: its mechanisms applied; on ``profile`` (a `HardwareProfile`),
@@ -475,7 +501,7 @@ def _read(path: Path) -> Framework:
                      qk_norm_outputs_kept=f.qk_norm_outputs_kept,
                      multi_token_prediction=lay.multi_token_prediction, rank_orders=lay.rank_orders,
                      mapping_equal_groups=lay.mapping_equal_groups,
-                     experts=None if lay.experts is None else ExpertsOffer(**lay.experts.model_dump()))
+                     experts=None if lay.experts is None else ExpertsOffer(**lay.experts.model_dump()), parsed=f)
 
 
 @lru_cache(maxsize=1)
