@@ -65,9 +65,9 @@ class RingMerge:
     ring's K/V (and their gradients) are repeated to the query heads; ``dkv_bytes``: the element size
     dK/dV travel in (0: the model dtype's); ``kv_allgather``: the K/V exchange is one all-gather issued
     at ring step 0 and waited for at step 1 (module docs), not a shift beside every step; the buffers
-    (`buffers`): ``kv_copies`` K/V chunks copied before the ring starts, ``dkv_chunks`` fp32 dK/dV chunks
-    live while a backward step's kernel runs (fp32 for torch_cp's), ``dkv_outputs`` earlier steps' dK/dV kernel outputs still
-    held, ``dq_fp32`` an fp32 dQ accumulator over the steps."""
+    (`buffers`): ``kv_copies`` K/V chunks copied before the ring starts, ``dkv_chunks`` dK/dV chunks live
+    while a backward step's kernel runs (in `dkv_element_bytes`: fp32 for torch_cp's), ``dkv_outputs`` earlier
+    steps' dK/dV kernel outputs still held, ``dq_fp32`` an fp32 dQ accumulator over the steps."""
 
     name: str
     fwd_q_first: float = 0.0
