@@ -13,19 +13,13 @@ from memo_sim.export import export_plan
 from memo_sim.frameworks import _ExpertsIn, _FrameworkIn, _LayoutsIn, _MechanismsIn, _PrecisionIn, load_frameworks
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
-from memo_sim.plan.schema import Plan
-from memo_sim.policy import get_policy
 from memo_sim.search.frameworks import get_framework
+from tests.test_review_fixes_deepspeed_gqa import _plan as _ds_plan
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
 FLAT_README = " ".join(README.split())
 
 
-def _ds_plan(layout: Layout, model: str) -> Plan:
-    return Plan(model=get_model(model), batch=1, seq_tokens=32768, gpus=layout.gpus, layout=layout,
-                policy=get_policy("full_recompute"), profile="h100-sxm5-80gb",
-                predicted={"status": "OK", "iteration_s": 1.0, "mfu": 0.5},
-                layer_timings_s={"forward": 0.1, "backward": 0.2}, micro_batch=1, framework="deepspeed")
 
 
 def test_deepspeed_ulysses_repeats_gqa_kv_heads_to_the_query_heads():
