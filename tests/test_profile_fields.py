@@ -84,6 +84,9 @@ def test_the_listing_applies_the_whatifs_gemm_format_check(tmp_path, monkeypatch
     """`memo-sim profiles` listed a profile whose efficiency.gemm_formats names no format as valid; whatif refused
     it. Both read it through the loader now."""
     path = _variant(tmp_path, "    fp8-tensorwise:\n", "    fp8_tensorwise:\n", name="typo-format.yaml")
+    # found by its file name, the file declares that name (`memo_sim.profile.loader._named`)
+    path.write_text(path.read_text(encoding="utf-8").replace("name: h100-sxm5-80gb", "name: typo-format", 1),
+                    encoding="utf-8")
     monkeypatch.setenv("MEMO_PROFILES", str(tmp_path))
     r = CliRunner().invoke(cli, ["profiles"])
     assert r.exit_code == 0, r.output
