@@ -117,8 +117,8 @@ class MemoryBreakdown:
         the same amount (a review: a ZeRO-0 row 75 GiB over the GPU and 1.11 TiB over the host ranked "closest" ahead
         of ZeRO-3 rows over the host alone by the same 1.11 TiB). A capacity of zero with bytes on it is infinitely
         over."""
-        return (_share(self.oom_by, self.gpu_capacity_bytes)
-                + _share(self.oohm_by, self.host_capacity_bytes))
+        return (over_capacity_share(self.oom_by, self.gpu_capacity_bytes)
+                + over_capacity_share(self.oohm_by, self.host_capacity_bytes))
 
     @cached_property  # read for every sort and filter of a query's candidates; the fields are frozen
     def status(self) -> str:
@@ -137,7 +137,7 @@ class MemoryBreakdown:
         return d
 
 
-def _share(over: float, capacity: float) -> float:
+def over_capacity_share(over: float, capacity: float) -> float:
     """``over`` bytes as a share of ``capacity`` (infinite over a capacity of zero; none over, zero)."""
     if over <= 0:
         return 0.0

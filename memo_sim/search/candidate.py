@@ -10,7 +10,7 @@ from typing import Callable
 
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.layout.parallel import Layout
-from memo_sim.memplan.footprint import MemoryBreakdown
+from memo_sim.memplan.footprint import MemoryBreakdown, over_capacity_share
 from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import Plan
 from memo_sim.policy import Policy
@@ -92,8 +92,7 @@ class Candidate:
         than one over either by the same amount)."""
         f = (self.simulated or {}).get("failure")
         if f:
-            cap = f["capacity_bytes"]
-            return self.over_bytes / cap if cap > 0 else (float("inf") if self.over_bytes > 0 else 0.0)
+            return over_capacity_share(self.over_bytes, f["capacity_bytes"])
         return self.memory.over_share
 
     @property
