@@ -216,18 +216,24 @@ def calibrated_threads(provenance: dict | None) -> int | None:
 LAUNCHER_THREADS_ENV = "MEMO_EXEC_LAUNCHER_THREADS"
 
 
+def profile_provenance(profile_name: str) -> tuple[dict | None, str]:
+    """(``provenance`` of the plan's profile, ""), or (None, the loader's first line) where it is not readable
+    here (a profile written on another machine)."""
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    try:
+        return load_profile(profile_name).provenance or {}, ""
+    except MemoError as e:
+        return None, str(e).splitlines()[0]
+
+
 def use_calibrated_threads(profile_name: str) -> dict:
     """Set torch's CPU threads to the count ``profile_name``'s calibration ran with (`calibrated_threads`),
     unless the user's ``OMP_NUM_THREADS`` chooses them (the launcher's own default of one a rank does not):
     what a CPU run used and why (the run's report says it)."""
-    from memo_sim.errors import MemoError  # noqa: PLC0415
-    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
-
-    missing = ""
-    try:
-        n = calibrated_threads(load_profile(profile_name).provenance)
-    except MemoError as e:  # the plan's profile is not readable here: said, not read as one without threads
-        n, missing = None, str(e).splitlines()[0]
+    prov, missing = profile_provenance(profile_name)
+    n = calibrated_threads(prov)  # a profile not readable here: said, not read as one without threads
     launcher = bool(os.environ.get(LAUNCHER_THREADS_ENV))
     unknown = f"the plan's profile is not readable here: {missing}" if missing \
         else "the profile records no calibration's threads"

@@ -19,8 +19,8 @@ from memo_exec.arena import AllocRecorder, ArenaPlan, ArenaScratch, CachingScrat
     validate_memory_plan
 from memo_exec.attention import AttnDims, layer_needs, meta_stand_in, preferred_backends, select_backend
 from memo_exec.data import TokenSource
-from memo_exec.device import (compute_dtype, device_free_bytes, element_size, host_available_bytes, resolve_device,
-                              use_calibrated_threads)
+from memo_exec.device import (compute_dtype, device_free_bytes, element_size, host_available_bytes,
+                              profile_provenance, resolve_device, use_calibrated_threads)
 from memo_exec.errors import ExecError
 from memo_exec.host_malloc import keep_freed_memory
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
@@ -32,7 +32,7 @@ from memo_exec.model import GPT, NO_HOOKS, LayerRuntime, MainGrads, forward_loss
 from memo_exec.mtp import MTP_LOSS_SCALE, MTPRun
 from memo_exec.optim import NonFiniteGradient, main_grad_dtype
 from memo_exec.optim_offload import make_adamw
-from memo_exec.speed_probe import SpeedProbe
+from memo_exec.speed_probe import probe_for_profile
 from memo_exec.streams import make_engine
 from memo_sim.model.flops import ATTN_BWD_FACTOR, classifier_flops, op_flops
 from memo_sim.model.config import ModelConfig
@@ -479,7 +479,8 @@ def run_steps(ex, layers: int, caching_allocator_tensors, progress=None) -> RunR
         ex.allocate()
     res = RunResult(ex.plan, ex.opts, ex.describe(), ex.estimate)
     last_finite: tuple[int, float] | None = None
-    probe = SpeedProbe() if ex.device.type == "cpu" else None  # the machine's speed after each step
+    # the machine's speed after each step, where a CPU calibration's is there to compare it with
+    probe = probe_for_profile(profile_provenance(ex.plan.profile)[0]) if ex.device.type == "cpu" else None
     for k in range(ex.opts.steps):
         before = f"the last finite loss was {last_finite[1]:.6g} at step {last_finite[0]}" if last_finite else \
             "no step had a finite loss"

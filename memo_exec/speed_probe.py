@@ -43,7 +43,8 @@ def reference_text() -> str:
 class SpeedProbe:
     """``probe.sample()`` -> GFLOP/s of the reference GEMM now; ``probe.summary()`` -> every sample."""
 
-    def __init__(self) -> None:
+    def __init__(self, flush_bytes: int | None = None) -> None:
+        """``flush_bytes``: the cold-cache write before each repeat, the calibration's (`probe_for_profile`)."""
         import torch  # noqa: PLC0415
 
         from memo_exec.calibrate.microbench import Bench  # noqa: PLC0415
@@ -56,7 +57,8 @@ class SpeedProbe:
         self._out = torch.empty(t, o)
         self._flops = 2.0 * t * i * o
         self._addmm, self._threads = torch.addmm, torch.get_num_threads()
-        self._bench = Bench(torch.device("cpu"), warmup=1, cold=True)
+        self._bench = Bench(torch.device("cpu"), warmup=1, cold=True, flush_bytes=flush_bytes)
+        self.flush_bytes = self._bench.flush_bytes
         self._t0 = time.monotonic()
         self.samples: list[tuple[float, float]] = []  # (seconds since the probe was made, GFLOP/s)
         self.discarded: list[tuple[float, float]] = []  # samples around a measurement that was done again
@@ -85,10 +87,23 @@ class SpeedProbe:
             return None
         rates = [r for _, r in self.samples]
         med = statistics.median(rates)
-        return {"reference": reference_text(), "threads": self._threads,
+        return {"reference": reference_text(), "threads": self._threads, "cold_write_bytes": self.flush_bytes,
                 "median_gflops": round(med, 2), "min_gflops": min(rates), "max_gflops": max(rates),
                 "spread_pct": round(100.0 * (max(rates) - min(rates)) / med, 1) if med > 0 else None,
                 "samples": [list(s) for s in self.samples], "discarded": [list(s) for s in self.discarded]}
+
+
+def probe_for_profile(provenance: dict | None) -> "SpeedProbe | None":
+    """The probe a CPU run samples after each step, or None: only where the plan's profile is a CPU calibration
+    that sampled the machine's speed (``provenance.speed_probe``), the one thing a run's samples are compared
+    with (`drift`), and with the cold-cache write that calibration timed with (``provenance.cold_write``; a
+    calibration from before it was measured wrote the full `full_cold_write_bytes`). A sample writes that many
+    bytes four times (0.1 to 0.4 s a step a rank at 600 MiB on the 2-core Xeon VM, 2026-12-01), for nothing
+    where no calibration's speed is there to compare."""
+    prov = provenance or {}
+    if not prov.get("speed_probe"):
+        return None
+    return SpeedProbe(flush_bytes=(prov.get("cold_write") or {}).get("bytes"))
 
 
 def persistent_drift(discarded: list[float], kept: float | None) -> bool:

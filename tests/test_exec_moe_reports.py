@@ -178,6 +178,10 @@ def test_multi_rank_json_has_the_speed_probe_and_an_edited_plan_is_compared_with
     plan_file = _stored_plan(tmp_path, "memo")
     doc = json.loads(plan_file.read_text())
     doc["model"]["hidden"] = 128  # edited by hand: the stored prediction is the 64-wide model's
+    # a CPU calibration's profile: the runs' speed samples are compared with its own (`probe_for_profile`)
+    from tests.calibration_fixtures import COMMITTED_CPU_PROFILE
+
+    doc["profile"] = str(COMMITTED_CPU_PROFILE)
     plan_file.write_text(json.dumps(doc))
     # its memory plan is the 64-wide model's too: run without it
     r = _run([str(plan_file), "--nproc", "2", "--device", "cpu", "--steps", "2", "--json", "--no-progress",

@@ -13,15 +13,23 @@ machine: on a CPU shared with the OS and other processes a descheduled OpenMP th
 whole kernel now and then, and the fastest repeat (what the machine can do when nothing else
 runs) is faster than what a run of many kernels in a row sees; the median is what both see.
 
-On a CPU every repeat starts with cold caches: `Bench` writes a buffer twice the size of the
-last-level cache before each timed call (not timed). A training step touches far more than the
-cache holds between two uses of a tensor (every layer's weights, gradients, optimizer states and
-activations, and the other tenants of a shared L3), so the executor's kernels read their
+On a CPU every repeat starts with cold caches: `Bench` writes a buffer (twice the size of the
+last-level cache, or the smaller write measured to do as much, below) before each timed call (not
+timed). A training step touches far more than the cache holds between two uses of a tensor (every
+layer's weights, gradients, optimizer states and activations, and the other tenants of a shared
+L3), so the executor's kernels read their
 operands from memory; timed back to back, a small kernel finds them in cache and runs two to three
 times faster than it does in a step (measured 2026-11-23 on the 2-core EPYC VM, one thread: a
 256x128 @ 128x384 GEMM 0.30 ms hot, 0.77 ms after a 64 MiB write; layer norm of 256x128 44 us and
 100 us; a 2 MiB write, the size of L2, changed nothing). A GPU's kernels stream operands far
 larger than its L2, so CUDA runs are timed as they are.
+
+How much to write is measured (`measure_cold_write`): the smallest write after which a small GEMM runs
+as slow as after twice the last-level cache. What sysfs reports of a virtual machine is its host's
+whole L3, most of it held by the other tenants: on the 2-core Xeon VM this project moved to (300 MiB
+of L3 reported), 32 to 64 MiB left the probe GEMM as slow as 600 MiB did (2026-12-01: 0.36-0.40 ms
+against 0.38 ms, 0.25 ms warm), and the 600 MiB write took 0.1 to 0.4 s a repeat, more than every
+kernel of a quick calibration, and of every CPU run's speed probe (`memo_exec.speed_probe`).
 
 `Bench.time_kernel(fn)` is for one kernel's own time (the GEMM suite): on CUDA, where one launch
 takes under ``GRAPH_BELOW_S``, it captures ``ceil(GRAPH_BELOW_S / probe)`` calls in a CUDA graph and
@@ -95,9 +103,86 @@ def last_level_cache_bytes() -> int:
     return best[1] or DEFAULT_LLC_BYTES
 
 
+COLD_PROBE = (256, 128, 384)  # tokens, input, output: the fp32 GEMM whose cold time decides the write
+COLD_TOLERANCE = 0.05  # a write is enough when the probe's median after it is within this of the full write's
+COLD_ROUNDS = 7  # probe timings per write size, the sizes interleaved round by round
+COLD_SMALLEST = 4 * 2**20  # the first write size tried (L2 is 1-2 MiB a core)
+
+
+def full_cold_write_bytes() -> int:
+    """The write that surely leaves nothing of the operands in cache: `CACHE_FLUSH_FACTOR` x the last-level cache."""
+    return CACHE_FLUSH_FACTOR * last_level_cache_bytes()
+
+
+def measure_cold_write(rounds: int = COLD_ROUNDS) -> dict:
+    """The smallest write (powers of two from `COLD_SMALLEST`, and the full write) after which the `COLD_PROBE`
+    GEMM, and after every larger write too, runs within `COLD_TOLERANCE` of its median time after the full write
+    (`full_cold_write_bytes`): ``{"bytes", "full_bytes", "llc_bytes", "probe_ms": {MiB: median ms}, "warm_ms"}``.
+    The sizes are interleaved round by round, so that a moment's load slows them all alike; one thread (the
+    caller's). Where no smaller write is as slow, or the full write is no larger than the smallest tried, the
+    full write is the answer."""
+    full = full_cold_write_bytes()
+    sizes = []
+    n = COLD_SMALLEST
+    while n < full:
+        sizes.append(n)
+        n *= 2
+    sizes.append(full)
+    gen = torch.Generator().manual_seed(0)
+    t, i, o = COLD_PROBE
+    a, b = torch.randn(t, i, generator=gen), torch.randn(i, o, generator=gen)
+    out = torch.empty(t, o)
+    buf = torch.empty(full // 4, dtype=torch.float32)
+    buf.fill_(1.0)  # the pages exist before the first timed write
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    warm = []
+    torch.mm(a, b, out=out)
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        warm.append(time.perf_counter() - t0)
+        for n in sizes:
+            buf[: n // 4].fill_(1.0)
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            times[n].append(time.perf_counter() - t0)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    return {"bytes": smallest_cold_write(med), "full_bytes": full, "llc_bytes": last_level_cache_bytes(),
+            "probe": f"fp32 GEMM {t}x{i} @ {i}x{o}, median of {rounds}",
+            "probe_ms": {str(n // 2**20): round(med[n] * 1e3, 4) for n in sizes},
+            "warm_ms": round(statistics.median(warm) * 1e3, 4)}
+
+
+def smallest_cold_write(medians: dict[int, float]) -> int:
+    """The smallest write size from which every larger one (the largest is the full write) left the probe within
+    `COLD_TOLERANCE` of its time after the full write: ``medians`` maps write bytes to the probe's median."""
+    sizes = sorted(medians)
+    floor = (1.0 - COLD_TOLERANCE) * medians[sizes[-1]]
+    chosen = sizes[-1]
+    for n in reversed(sizes):
+        if medians[n] < floor:
+            break
+        chosen = n
+    return chosen
+
+
+def cold_write_text(cold: dict) -> str:
+    """One line for the progress and the report: the write chosen and why."""
+    mib = cold["bytes"] / 2**20
+    full = cold["full_bytes"] / 2**20
+    if cold["bytes"] >= cold["full_bytes"]:
+        return f"cold caches: {mib:.0f} MiB written before each timed repeat (twice the last-level cache)"
+    return (f"cold caches: {mib:.0f} MiB written before each timed repeat (the probe GEMM ran as slow after it as "
+            f"after {full:.0f} MiB, twice the {cold['llc_bytes'] / 2**20:.0f} MiB last-level cache sysfs reports: "
+            + ", ".join(f"{k} MiB {v} ms" for k, v in cold["probe_ms"].items()) + f"; warm {cold['warm_ms']} ms)")
+
+
 class Bench:
     def __init__(self, device: torch.device, target_s: float = 0.05, min_repeats: int = 3,
-                 max_repeats: int = 50, warmup: int = 1, cold: bool | None = None) -> None:
+                 max_repeats: int = 50, warmup: int = 1, cold: bool | None = None,
+                 flush_bytes: int | None = None) -> None:
+        """``flush_bytes``: the cold-cache write on a CPU (`measure_cold_write`'s); default the full one
+        (`full_cold_write_bytes`)."""
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.target_s = target_s
@@ -106,8 +191,8 @@ class Bench:
         self.warmup = warmup
         self.stat = statistic_for(self.device)
         self.cold = (not self.cuda) if cold is None else cold  # CPU: every repeat with cold caches
-        self._flush = (torch.empty(CACHE_FLUSH_FACTOR * last_level_cache_bytes() // 4, dtype=torch.float32)
-                       if self.cold and not self.cuda else None)
+        self.flush_bytes = (flush_bytes or full_cold_write_bytes()) if self.cold and not self.cuda else 0
+        self._flush = torch.empty(self.flush_bytes // 4, dtype=torch.float32) if self.flush_bytes else None
 
     def evict(self) -> None:
         """Push the operands out of the CPU caches (untimed; a no-op on CUDA or with cold=False)."""

@@ -31,7 +31,7 @@ from memo_exec.calibrate import gemm as gemm_bench
 from memo_exec.calibrate import memory as mem
 from memo_exec.calibrate.datasheet import known_peak
 from memo_exec.calibrate.fit import fit_call_latency, fit_copy_model, fit_efficiency_curve, fit_score_time
-from memo_exec.calibrate.microbench import Bench, Progress
+from memo_exec.calibrate.microbench import Bench, Progress, cold_write_text, measure_cold_write
 from memo_exec.device import DeviceSpec, resolve_device
 from memo_exec.host_malloc import keep_freed_memory
 from memo_exec.speed_probe import SPEED_DRIFT_LIMIT, SpeedProbe
@@ -339,9 +339,15 @@ def run_suite(opts: CalibrateOptions, progress: Progress) -> dict:
     # collectives first: a failure shows before the long benchmarks, and the ranks get the GPUs
     # before this process's caching allocator holds their memory
     out["collectives"] = _measure_collectives(opts, spec, grid, progress)
+    flush = None
+    if not spec.is_cuda:  # how much a repeat writes to start with cold caches (`microbench.measure_cold_write`)
+        progress.stage("cold-cache write", 1)
+        env["cold_write"] = measure_cold_write()
+        progress.step(cold_write_text(env["cold_write"]))
+        flush = env["cold_write"]["bytes"]
     bench = Bench(dev, target_s=grid.bench_target_s, min_repeats=grid.bench_min_repeats,
-                  max_repeats=grid.bench_max_repeats)
-    probe = None if spec.is_cuda else SpeedProbe()  # the machine's speed between the parts (CPU)
+                  max_repeats=grid.bench_max_repeats, flush_bytes=flush)
+    probe = None if spec.is_cuda else SpeedProbe(flush_bytes=flush)  # the machine's speed between the parts (CPU)
 
     def speed_sample(where: str) -> None:
         if probe is not None:
@@ -495,7 +501,7 @@ def remeasure(opts: CalibrateOptions, raw: dict, parts: tuple[str, ...], progres
     grid = grid_for(spec.kind, opts.quick)
     dtype = torch.bfloat16 if spec.is_cuda else torch.float32
     bench = Bench(dev, target_s=grid.bench_target_s, min_repeats=grid.bench_min_repeats,
-                  max_repeats=grid.bench_max_repeats)
+                  max_repeats=grid.bench_max_repeats, flush_bytes=(raw["env"].get("cold_write") or {}).get("bytes"))
     out = dict(raw)
     if "gemm" in parts:
         _measure_gemms(out, bench, grid, dtype, raw["dtype"], spec, peak, progress)

@@ -514,6 +514,8 @@ def provenance(b: Build) -> dict:
                  "measurements": measurements(r)})
     if env.get("torch_threads_reason"):
         prov["torch_threads_reason"] = env["torch_threads_reason"]
+    if env.get("cold_write"):  # CPU: the cold-cache write each repeat began with (`microbench.measure_cold_write`)
+        prov["cold_write"] = env["cold_write"]
     if env.get("host_malloc"):  # CPU: the allocator policy the kernels were timed with (`memo_exec.host_malloc`)
         prov["host_malloc"] = env["host_malloc"]
     return prov
