@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import click
 
@@ -18,6 +19,8 @@ from memo_sim.profile.loader import load_profile
 from memo_sim.report.explain import PHASE_WORDS, gpu_devices, peak_moments, time_breakdown
 from memo_sim.report.formats import Answer, emit, format_options, resolve_format
 from memo_sim.report.peaks import analytic_peak, result_peak
+from memo_sim.report.whatif_answer import mfu_words
+from memo_sim.search.candidate import deciding_peak_words
 from memo_sim.search.estimate import memo_alpha
 from memo_sim.search.plan_check import refuse_layout_problem
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
@@ -35,6 +38,9 @@ def explain(plan_file, out_format, as_json):
     as_json = resolve_format(out_format, as_json) == "json"
     plan = read_plan(plan_file)
     profile = load_profile(plan.profile)
+    from memo_sim.cli.simulate import refuse_plan_gemm_format  # noqa: PLC0415
+
+    refuse_plan_gemm_format(plan_file, plan, profile, profile_flag=False)  # as simulate and check-plan refuse it
     refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it
     plan_for_profile(plan, profile)  # its FP8 library's copies on this GPU, as simulate prices them
     res = simulate_plan(plan, profile)
@@ -62,8 +68,8 @@ def explain(plan_file, out_format, as_json):
         return
     a = Answer()
     # an FP8 plan's MFU counts its FLOPs against the model dtype's peak, said as the what-if says it (a review)
-    low = f" (of the {plan.model.dtype} peak)" if plan.model.gemm_format != "bf16" else ""
-    it = f"{fmt_time(res.iteration_s)}/iteration, MFU {100 * res.mfu:.1f}%{low}" if res.ok else res.failure.message()
+    it = (f"{fmt_time(res.iteration_s)}/iteration, {mfu_words(res.mfu, plan.model, profile)}" if res.ok
+          else res.failure.message())
     a.verdict = (f"{plan.model.name}{plan.model.gemm_words}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
                  f"{plan.policy.label()} on {plan.gpus} x {profile.gpu.model}: {res.status}, {it}")
     a.line(f"binding: {binding}")
@@ -321,9 +327,8 @@ def fragmentation_words(plan, res, mem) -> str | None:
                if retries else ""))
     plan_words = "a static memory plan of the same transients (memo-sim whatif --allocator plan)"
     free = frag * reserved
-    if free > 0 and not plan.layout.expandable_segments:  # what PyTorch's own setting gives back
-        head += (f"; expandable segments ({EXPANDABLE_FLAG}, priced by the what-if) map the cache "
-                 f"in place and give most of the {fmt_bytes(free)} cached but free back")
+    if free > 0 and not plan.layout.expandable_segments:  # what PyTorch's own setting gives: replayed, not assumed
+        head += expandable_words(plan)
     static = mem.peak_with(planned)
     below_reserved = (al.get("peak_reserved_bytes") or 0) - static
     if below_reserved > 0:  # against what PyTorch would report: the cache is what a static plan does not hold
@@ -344,6 +349,35 @@ def fragmentation_words(plan, res, mem) -> str | None:
     return head + tail
 
 
+def expandable_words(plan) -> str:
+    """What expandable segments (``expandable_segments:True``) give ``plan``, from the caching allocator replay of the
+    same iteration with them (`memo_sim.memplan.iteration_replay.engine_replay`, the replay the engine charges, on the
+    plan's layout with the flag set): its reserved peak, what is cached but free when the allocation peaks, and its
+    retries. Not assumed to give the cache back: where the framework's collectives call ``record_stream`` on their
+    buffers (``layout.nccl_record_stream``: ProcessGroupNCCL's recordStream, `record_stream_lag`), a freed buffer comes
+    back to the cache only at the next synchronisation, whatever the segments (a review: this line promised most of
+    16.18 GiB back where the what-if with the flag gave 13.64 GiB still cached and 25 retries)."""
+    from memo_sim.memplan.iteration_replay import engine_replay  # noqa: PLC0415
+
+    profile = load_profile(plan.profile)
+    lay = replace(plan.layout, expandable_segments=True)
+    rep = engine_replay(plan.model, lay, plan.micro_batch or plan.batch, plan.seq_tokens, plan.policy, profile,
+                        classifier_chunk_tokens=plan.classifier_chunk_tokens)
+    if rep is None:
+        return ""
+    head = f"; with expandable segments ({EXPANDABLE_FLAG}, priced by the what-if) the replay "
+    if rep.oom:
+        words = head + f"runs out of memory ({rep.oom_request})"
+    else:
+        kept = rep.fragmentation_at_peak * rep.reserved_at_peak_allocated_bytes
+        words = (head + f"reserves {fmt_bytes(rep.peak_reserved_bytes)} at its peak, {fmt_bytes(kept)} cached but "
+                 f"free when the allocation peaks, {rep.reorganizations} allocation retries")
+    if plan.layout.nccl_record_stream:
+        words += (" (the framework's collectives call record_stream on their buffers, nccl_record_stream: a freed "
+                  "buffer comes back to the cache only at the next synchronisation, whatever the segments)")
+    return words
+
+
 def _add_stage_analytic_peaks(plan, profile, res) -> None:
     """A micro-batch pipeline's stage rows carry their analytic peak too (the SPPO schedule's carry
     theirs already): `memo_sim.search.pipeline.pipeline_memory`, the what-if's own estimate."""
@@ -362,10 +396,12 @@ def binding_words(plan, profile, res) -> str:
     """The limit nearest to binding for a simulated plan, in words (explain and simulate print it)."""
     if not res.ok:
         return res.failure.message()
-    gpu = res.peak_gpu_bytes / res.gpu_capacity_bytes
     host = res.peak_host_bytes_per_node / res.host_capacity_bytes if res.host_capacity_bytes else 0.0
-    words = (f"GPU memory {100 * gpu:.0f}% full ({result_peak(res).text()} of "
-             f"{fmt_bytes(res.gpu_capacity_bytes)}); pinned host memory {100 * host:.0f}% full")
+    # the deciding peak: the replay's reserved one where it is the higher
+    # (`memo_sim.search.candidate.deciding_gpu_peak`, as `_decides_words` says; a review: "73% full" beside a
+    # reserved peak at 100% of the usable memory)
+    words = (deciding_peak_words(result_peak(res).text(), res.peak_gpu_bytes, res.allocator, res.gpu_capacity_bytes)
+             + f"); pinned host memory {100 * host:.0f}% full")
     if plan.policy.takes_alpha and plan.layout.pp == 1:
         solved = memo_alpha(plan.model, plan.layout, plan.micro_batch or plan.batch, plan.seq_tokens, profile)
         if solved.feasible:

@@ -156,6 +156,7 @@ def check_plan(plan_file, out_format, as_json):
         plan_breakdown,
         simulate_plan,
     )
+    from memo_sim.cli.simulate import refuse_plan_gemm_format
     from memo_sim.cost.gemm_format import plan_for_profile
     from memo_sim.errors import PlanError
     from memo_sim.report.explain import peak_moments
@@ -166,6 +167,7 @@ def check_plan(plan_file, out_format, as_json):
     if problems:
         raise PlanError(f"{plan_file}: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     profile = load_profile(plan.profile)
+    refuse_plan_gemm_format(plan_file, plan, profile, profile_flag=False)  # the plan's format, as simulate says it
     plan_for_profile(plan, profile)  # its FP8 library's copies on this GPU, as simulate and explain price them
     res = simulate_plan(plan, profile)
     mem = plan_breakdown(plan, profile)
@@ -181,10 +183,10 @@ def check_plan(plan_file, out_format, as_json):
                              "stale_prediction": stale, "binding": binding, **memory_json(plan, res, mem, peaks)})
     else:
         a = Answer(_summary_verdict(plan_file, plan, res))
-        for line in _summary_lines(plan):
-            a.line(line)
-        if stale:
+        if stale:  # before the stored numbers, so the re-simulation leads (a review: the stale peak on top)
             a.line(f"  {stale}")
+        for line in _summary_lines(plan, res):
+            a.line(line)
         a.line(f"  binding: {binding}")
         add_memory_part(a, plan, res, mem)
         a.line("(memo-sim explain PLAN: the time breakdown as well)")
@@ -209,16 +211,25 @@ def _stale_prediction(plan, res) -> str | None:
 
 def _summary_verdict(plan_file, plan, res) -> str:
     """The plan in one line, with what it does when simulated now (a valid plan file need not fit)."""
-    head = (f"{plan_file}: valid {plan.model.name}, {fmt_count(plan.seq_tokens)} tokens, {plural(plan.gpus, 'GPU')}, "
+    head = (f"{plan_file}: valid {plan.model.name}{plan.model.gemm_words}, {fmt_count(plan.seq_tokens)} tokens, "
+            f"{plural(plan.gpus, 'GPU')}, "
             f"{plan.layout.label()}, {plan.policy.label()}")
     if res.status != "OK":
         return f"{head}, but does not fit: simulated {res.status} (exit status 3)"
-    mfu = f", MFU {100 * res.mfu:.1f}%" if res.mfu is not None else ""
+    from memo_sim.report.whatif_answer import mfu_words  # noqa: PLC0415 - the what-if's words for an FP8 MFU
+
+    mfu = f", {mfu_words(res.mfu, plan.model)}" if res.mfu is not None else ""
     return f"{head}, simulated {fmt_time(res.iteration_s)}/iter{mfu}"
 
 
-def _summary_lines(plan) -> list[str]:
-    """The schedule, the predicted peak, the memory plan and SPPO's split, one line each."""
+def _summary_lines(plan, res=None) -> list[str]:
+    """The schedule, the predicted peak, the memory plan and SPPO's split, one line each. The predicted peak is the
+    plan file's stored one: where the re-simulation ``res`` gives another (more than `STALE_TOLERANCE` apart, the
+    stale rule of `memo_sim.plan.stale`), it is named as stored and the re-simulated one beside it (a review: an
+    edited plan's stored 33.42 GiB printed as "predicted peak GPU" above the re-simulated 48.37 GiB)."""
+    from memo_sim.plan.stale import STALE_TOLERANCE  # noqa: PLC0415
+    from memo_sim.report.peaks import result_peak  # noqa: PLC0415
+
     out = [f"  schedule {plan.schedule}: {plural(plan.micro_batches, 'micro-batch', 'micro-batches')} of "
            f"{plural(plan.micro_batch, 'sequence')}"
            + (f", {plan.layout.pp} stages x {plan.layout.vpp} chunks" if plan.schedule != "sppo" and
@@ -226,7 +237,10 @@ def _summary_lines(plan) -> list[str]:
     if plan.framework != "any":
         out.append(f"  searched for the framework {plan.framework} (what it offers: `memo-sim frameworks`)")
     peak = planned_peak(plan)
-    if peak is not None:
+    now = result_peak(res) if res is not None and res.ok else None
+    if peak is not None and now is not None and peak.bytes > 0 and abs(now.bytes / peak.bytes - 1) > STALE_TOLERANCE:
+        out.append(f"  stored predicted peak GPU {peak.text()}, stale: re-simulated now {now.text()}")
+    elif peak is not None:
         out.append(f"  predicted peak GPU {peak.text()}")
     if plan.memory_plan is not None:
         from memo_sim.search.plan_check import traced_by_executor

@@ -126,13 +126,17 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
                    + (f"; {fmt_count(max(best.fits_past_failure))} also fits past a failure (below)"
                       if best.fits_past_failure else ""))
     a = Answer(verdict)
+    from memo_sim.report.whatif_answer import executor_words, mfu_peak_words  # noqa: PLC0415
+
+    if best is not None and (refused := executor_words(best.best, framework)):  # as the what-if's answer says it
+        a.line(textwrap.fill(refused, WIDTH, subsequent_indent="  "))
     if best is None and answers and all(x.states_alone for x in answers):  # no length at all: say so
         a.line(f"the model states alone exceed the GPU memory on every layout searched over {plural(gpus, 'GPU')}: "
                f"no length fits; give more GPUs")
     elif best is None and step >= 2048:  # the lengths are multiples of the step: none shorter was tried
         a.line(f"no length under {fmt_count(step)} was tried: a smaller --step "
                f"(e.g. {fmt_count(step // 16)}) looks there")
-    a.line(f"{model.name}, {gpus} x {profile.gpu.model} ({profile.name}), framework {framework}, "
+    a.line(f"{model.name}{model.gemm_words}, {gpus} x {profile.gpu.model} ({profile.name}), framework {framework}, "
            f"step {fmt_count(step)}")
     if (why := split_step_words(asked, gpus)):  # the lengths searched are not the multiples of --step: say so
         a.line(textwrap.fill(why, WIDTH, subsequent_indent="  "))
@@ -150,7 +154,9 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
         rows.append([_row_name(ans, answers), fmt_count(ans.max_seq) if ans.max_seq else "none",
                      f"{b.layout.label()} {b.policy.label()}" if b else "-",
                      f"{100 * mfu:.1f}%" if mfu is not None else "-", fmt_count(ans.next_seq)])
-    a.table(["policy", "longest", "best plan there", "MFU (sim)", "fails at"], rows)
+    # an FP8 model's MFU is of the dtype's peak: said in the column's head, as the what-if says it beside the number
+    mfu_head = "MFU (sim" + (f", of the {model.dtype} peak)" if mfu_peak_words(model) else ")")
+    a.table(["policy", "longest", "best plan there", mfu_head, "fails at"], rows)
     a.line("what binds at the first failing length (analytic; 'simulated': the event simulator):")
     for ans in answers:
         a.line(textwrap.fill(f"{_row_name(ans, answers)} at {fmt_count(ans.next_seq)}: {ans.binding}", WIDTH,

@@ -45,28 +45,40 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     from memo_sim.plan.schema import read_plan
     from memo_sim.profile.loader import load_profile
 
-    from memo_sim.cost.gemm_format import check_gemm_format, plan_for_profile
-
-    from memo_sim.errors import MemoError
+    from memo_sim.cost.gemm_format import plan_for_profile
 
     plan = read_plan(plan_file)
     profile = load_profile(profile_override or plan.profile)
-    try:
-        check_gemm_format(plan.model, profile)
-    except MemoError as e:  # the plan's format, not a flag given here (a review: 'fix: drop --precision')
-        if "--precision" not in str(e):
-            raise
-        if "compute_capability" in str(e):  # the GPU's generation, not a missing peak (`MIN_CAPABILITY`)
-            raise MemoError(f"{plan_file}: model.gemm_format {plan.model.gemm_format}: {e}") from None
-        raise MemoError(f"{plan_file}: model.gemm_format {plan.model.gemm_format}: profile {profile.name} "
-                        f"({profile.gpu.model}) has no {plan.model.gemm.peak} peak; fix: give --profile one that "
-                        f"lists gpu.peak_flops.{plan.model.gemm.peak}, or plan afresh for this GPU (memo-sim whatif "
-                        f"--profile {profile.name})") from None
+    refuse_plan_gemm_format(plan_file, plan, profile)
     from memo_sim.search.plan_check import refuse_layout_problem
 
     refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it
     plan_for_profile(plan, profile)  # another --profile: its FP8 library's copies on that GPU (as explain, check-plan)
     return plan, profile
+
+
+def refuse_plan_gemm_format(plan_file, plan, profile, profile_flag: bool = True) -> None:
+    """A plan file whose GEMM format its profile's GPU does not run (no peak for it, or too old a compute capability:
+    `memo_sim.cost.gemm_format.check_gemm_format`), refused in one line naming the plan's field and the fix, before
+    anything is priced: the plan's format, not a flag given here (a review: explain and check-plan of an FP8 plan on an
+    A100 said "add fp8 under gpu.peak_flops ... or --precision", flags those commands do not take). simulate, the
+    sweeps, explain and check-plan run it; ``profile_flag``: the command takes --profile (explain and check-plan read
+    the plan's own), which the fix then names."""
+    from memo_sim.cost.gemm_format import check_gemm_format  # noqa: PLC0415
+
+    try:
+        check_gemm_format(plan.model, profile)
+    except MemoError as e:
+        if "--precision" not in str(e):
+            raise
+        if "compute_capability" in str(e):  # the GPU's generation, not a missing peak (`MIN_CAPABILITY`)
+            raise MemoError(f"{plan_file}: model.gemm_format {plan.model.gemm_format}: {e}") from None
+        other = ("give --profile one that lists gpu.peak_flops." if profile_flag else
+                 "set the plan's \"profile\" to one that lists gpu.peak_flops.")
+        raise MemoError(f"{plan_file}: model.gemm_format {plan.model.gemm_format}: profile {profile.name} "
+                        f"({profile.gpu.model}) has no {plan.model.gemm.peak} peak; fix: {other}"
+                        f"{plan.model.gemm.peak}, or plan afresh for this GPU (memo-sim whatif "
+                        f"--profile {profile.name})") from None
 
 
 def _write_outputs(timeline, out: Path, layers_text: str | None, device: int = 0, also: tuple = ()) -> list[Path]:
@@ -109,7 +121,9 @@ def _summary_line(r) -> str:
         alloc = ("static memory plan" if a.get("static_memory_plan") else
                  "caching allocator (pipeline iteration not replayed)" if a.get("replayed") is False else
                  f"caching allocator: {a['reorganizations']} reorganisations, stall {fmt_time(a['stall_s'])}")
-        return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, MFU {100 * r.mfu:.1f}%, TGS {r.tgs:.0f}, "
+        from memo_sim.report.whatif_answer import mfu_words  # noqa: PLC0415 - the what-if's words for an FP8 MFU
+
+        return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, {mfu_words(r.mfu, r.model)}, TGS {r.tgs:.0f}, "
                 f"peak GPU {result_peak(r).text()}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
                 f"copy stall {fmt_time(r.exposed_copy_s)}, {alloc}")
     return f"{r.failure.message()} (simulated, {allocator_of(r.policy, r.layout)})"
@@ -215,7 +229,7 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
             bub = st["bubble_ratio"]
             click.echo(f"  stage {st['stage']}: layers {', '.join(_chunk_words(c) for c in st['chunks'])}, "
                        f"{st['in_flight']} chunk forwards in flight, peak GPU {fmt_bytes(st['peak_gpu_bytes'])} "
-                       f"(simulated, {allocator_of(plan.policy, plan.layout)}), "
+                       f"({result_peak(r).source}), "  # the header's words: no replay runs a pipeline's stages
                        f"busy {fmt_time(st['compute_busy_s'])}"
                        + (f", idle {100 * bub:.1f}% of its work (waiting for other stages' "
                           f"activations and gradients {100 * st['stage_wait_s'] / st['compute_busy_s']:.1f}%; the "
@@ -414,14 +428,23 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                             for s, lay, p in runs], jobs, step)
     with output_folder(out_dir, "memo-sim sweep-seq") as outf:
         _write_sweep(outf, "mfu_vs_seq", results, mfu_vs_seq_figure,
-                     lambda rs: runs_answer(f"{plan.model.name} on {profile.name}: {len(pols)} policies x "
-                                            f"{len(lens)} lengths x {len(layouts)} layouts (simulated)",
+                     lambda rs: runs_answer(f"{plan.model.name}{plan.model.gemm_words} on {profile.name}: "
+                                            f"{len(pols)} policies x {len(lens)} lengths x {len(layouts)} layouts "
+                                            f"(simulated{mfu_note(plan.model)})",
                                             ["seq", "layout", "policy"],
                                             [([fmt_count(r.seq), r.layout.label(), r.policy.label()], r)
                                              for r in rs]),
                      None if tp_modes and fmt == "json" else fmt)
         if tp_modes:
             _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, results, fmt, jobs, progress)
+
+
+def mfu_note(model) -> str:
+    """``; MFU of the bf16 peak`` for a table's MFU column where the layer GEMMs run in another format (FP8, FP4):
+    the what-if's words (`memo_sim.report.whatif_answer.mfu_peak_words`) said once above the column."""
+    from memo_sim.report.whatif_answer import mfu_peak_words  # noqa: PLC0415
+
+    return f"; MFU of the {model.dtype} peak" if mfu_peak_words(model) else ""
 
 
 def _tp_mode_layouts(layout, text: str) -> dict:

@@ -221,6 +221,9 @@ def allocator_summary(replay, profile: HardwareProfile) -> dict:
             "peak_allocated_bytes": replay.peak_allocated_bytes,
             "reserved_at_peak_allocated_bytes": replay.reserved_at_peak_allocated_bytes,
             "oom": replay.oom, "stream_lag_layers": replay.stream_lag_phases,
+            # the failure's own counts (`OomEvent`): what the answer's frag/retries cell of an OOM-frag row shows
+            "oom_reserved_bytes": replay.oom_event.reserved_bytes if replay.oom_event else None,
+            "oom_cached_free_bytes": replay.oom_event.cached_free_bytes if replay.oom_event else None,
             "memory_stats": replay.memory_stats()}
 
 

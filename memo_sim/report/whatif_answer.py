@@ -14,6 +14,7 @@ from memo_sim.report.formats import Answer, fmt_params, plural
 from memo_sim.model.config import modules_words
 from memo_sim.report.peaks import CACHING_ALLOCATOR, MEASURED_RESERVED_ERROR, candidate_peak
 from memo_sim.report.table import status_text
+from memo_sim.search.candidate import deciding_gpu_peak
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
 
@@ -52,6 +53,26 @@ class WhatIfView:
     split_advice: str | None = None  # nothing fits and the length limits the split: why, and what fits (`split_line`)
 
 
+def mfu_words(mfu: float, model, profile=None) -> str:
+    """``MFU 77.6%``, and where the layer GEMMs run in another format than bf16 (FP8, FP4), whose peak MFU is not
+    counted against, ``MFU 77.6% (of the bf16 peak)``: the model FLOPs over the model dtype's peak
+    (`memo_sim.engine.result.rates`); with ``profile``, an MFU above 100% says why. The one place the what-if,
+    explain, simulate, sweep-seq, check-plan and maxseq say an MFU (a review: check-plan, simulate and sweep-seq
+    printed an FP8 plan's "MFU 77.6%" bare)."""
+    over = ""  # above 100%: the GEMMs' format runs faster than the dtype's peak MFU is counted against
+    if mfu_peak_words(model) and profile is not None and mfu > 1.0:
+        gemm_peak, dtype_peak = profile.peak(model.gemm.peak), profile.peak(model.dtype)
+        over = (f": above 100% because the layer GEMMs run in {model.gemm_format}, whose peak is "
+                f"{gemm_peak / dtype_peak:.0f}x the {model.dtype} one")
+    return f"MFU {100 * mfu:.1f}%" + mfu_peak_words(model, over)
+
+
+def mfu_peak_words(model, over: str = "") -> str:
+    """`` (of the bf16 peak)`` where the layer GEMMs run in another format than bf16, else "" (`mfu_words`; a
+    table's MFU column says it once above it)."""
+    return f" (of the {model.dtype} peak{over})" if model.gemm_format != "bf16" else ""
+
+
 def verdict(v: WhatIfView) -> str:
     """The answer in one line: the best plan and why it is where it is, or why nothing fits."""
     from memo_sim.search.whatif import binding_words
@@ -73,14 +94,7 @@ def verdict(v: WhatIfView) -> str:
     it = b.simulated["iteration_s"] if b.simulated else b.estimate.iteration_s
     mfu = b.simulated["mfu"] if b.simulated else b.estimate.mfu
     it_words = f"{fmt_time(it)}/iteration ({tier}), " if it else ""
-    low = v.model.gemm_format != "bf16"  # an FP8 plan's MFU counts its FLOPs against the model dtype's peak
-    over = ""  # above 100%: the GEMMs' format runs faster than the dtype's peak MFU is counted against
-    if low and mfu is not None and mfu > 1.0:
-        gemm_peak, dtype_peak = v.profile.peak(v.model.gemm.peak), v.profile.peak(v.model.dtype)
-        over = (f": above 100% because the layer GEMMs run in {v.model.gemm_format}, whose peak is "
-                f"{gemm_peak / dtype_peak:.0f}x the {v.model.dtype} one")
-    mfu_words = (f"MFU {100 * mfu:.1f}%" + (f" (of the {v.model.dtype} peak{over})" if low else "") + ", "
-                 if mfu is not None else "")
+    mfu_part = mfu_words(mfu, v.model, v.profile) + ", " if mfu is not None else ""
     m = b.memory
     pinned = b.host_bytes_per_node
     used, hosts = v.profile.hosts_taken(min(b.layout.gpus, v.profile.node_gpus))
@@ -91,7 +105,7 @@ def verdict(v: WhatIfView) -> str:
     if reserved > 1.005 * p.bytes:  # the caching allocator's replay: what torch.cuda.max_memory_reserved() shows
         host = (f" (PyTorch's reserved peak {fmt_bytes(reserved)} (simulated, caching allocator replay), "
                 f"{100 * reserved / m.gpu_capacity_bytes:.0f}% of it, cache included: memo-sim explain)" + host)
-    return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_words}"
+    return (f"answer: {b.layout.label()} {b.policy.label()} fits: {it_words}{mfu_part}"
             f"{b.tgs:,.0f} tokens/GPU/s, peak GPU {p.text()} of {fmt_bytes(m.gpu_capacity_bytes)}{host}, "
             f"{plural(b.global_batch, 'sequence')} a step" + (f" -> {v.plan_path}" if v.plan_path else ""))
 
@@ -206,13 +220,20 @@ def margin_line(v: WhatIfView) -> str:
     if b is None:
         return ""
     p, cap = candidate_peak(b), b.memory.gpu_capacity_bytes
-    if cap <= 0 or p.bytes / cap <= 1 - HEADROOM:
+    # the deciding peak: the replay's reserved one where it is the higher
+    # (`memo_sim.search.candidate.deciding_gpu_peak`; a review: "96.0% ..., 4.0% higher would not fit" beside a
+    # reserved peak at 98.1%)
+    alloc = (b.simulated or {}).get("allocator") if p.tier == "simulated" else None
+    peak, reserved = deciding_gpu_peak(p.bytes, alloc)
+    if cap <= 0 or peak / cap <= 1 - HEADROOM:
         return ""
-    short = 100 * (1 - p.bytes / cap)
+    short = 100 * (1 - peak / cap)
     err, where = MEASURED_RESERVED_ERROR
     band = (f"; memo-exec's H100 runs measured the caching allocator's reserved peak {err} above the replay's "
             f"({where}), a larger error than this margin" if p.allocator == CACHING_ALLOCATOR else "")
-    return (f"on the edge: the predicted GPU peak is {100 * p.bytes / cap:.1f}% of the usable memory; a peak "
+    what = ("PyTorch's reserved peak (the caching allocator replay's, above the allocated "
+            f"{fmt_bytes(p.bytes)}: the one that decides fit)" if reserved else "the predicted GPU peak")
+    return (f"on the edge: {what} is {100 * peak / cap:.1f}% of the usable memory; a peak "
             f"{short:.1f}% higher than predicted would not fit (`memo-exec run` of the plan measures it){band}")
 
 
@@ -265,14 +286,20 @@ def executor_refuses(c) -> str | None:
 def executor_line(v: WhatIfView) -> str:
     """Where memo's own answer is a plan its executor refuses (a model part it does not build, a GEMM format it
     does not run): the refusal, so the answer is not taken for a runnable plan, and where to go instead."""
-    b = v.best
+    return executor_words(v.best, v.framework)
+
+
+def executor_words(b, framework: str) -> str:
+    """`executor_line`'s words for candidate ``b`` searched for ``framework`` ("" where memo-exec runs it or there is
+    none): the what-if's and maxseq's answers say it the same way (a review: maxseq named a full_recompute plan
+    memo-exec refuses without a word of it)."""
     if b is None:
         return ""
     why = executor_refuses(b)
     if not why:
         return ""
-    if v.framework != "any":  # a framework's plan is for that framework (a review: nothing said memo-exec refuses it)
-        base = v.framework.split("@")[0]
+    if framework != "any":  # a framework's plan is for that framework (a review: nothing said memo-exec refuses it)
+        base = framework.split("@")[0]
         to = (f"; `memo-sim export --to {base}` of its plan file writes it for {base} (the version its exporter "
               f"names)" if base in ("megatron", "torchtitan", "deepspeed") else "")
         return f"memo-exec refuses this plan ({why}){to}"
@@ -356,8 +383,8 @@ def whatif_answer(v: WhatIfView) -> Answer:
                         "(an estimate, not a bound either way: an analytic row can show more than the best "
                         "simulated, and an offload-bound plan can simulate faster than its estimate; the proved "
                         "bound tier 2 skips a plan by is a separate figure); peak GPU by the tier and allocator "
-                        "named; frag/retries: the caching allocator's reserved-but-unallocated share at the peak and "
-                        "its retries per iteration"
+                        "named; frag/retries: the caching allocator's reserved-but-unallocated share at the peak "
+                        "(an OOM-frag row's at its failure) and its retries per iteration"
                       + ("; sim/allocated: the simulated allocated peak, not replayed through the caching allocator "
                          "(no reserved cache counted)" if any(candidate_peak(c).not_replayed
                                                               for _i, c in rows[:budget]) else "")
@@ -610,7 +637,16 @@ def allocator_cell(sm: dict | None) -> str:
     a = (sm or {}).get("allocator") or {}
     if a.get("static_memory_plan", True) or a.get("fragmentation_at_peak") is None:
         return "-"
-    return f"{100 * a['fragmentation_at_peak']:.1f}% / {a.get('reorganizations', 0)}"
+    retries = a.get("reorganizations", 0)
+    if a.get("oom"):  # an OOM-frag row: the share when the replay failed, not at an allocation peak before it (a
+        # review: "0.0% / 10" beside "77.95 GiB reserved, 27.35 GiB of it free in pieces"); the failure's counts are
+        # the replay's `OomEvent` (memo_sim/memplan/allocator_report.py), in the summary as ``oom_reserved_bytes``
+        # and ``oom_cached_free_bytes`` (`memo_sim.engine.result.allocator_summary`); none recorded: no share
+        reserved, free = a.get("oom_reserved_bytes"), a.get("oom_cached_free_bytes")
+        if not reserved or free is None:
+            return f"- / {retries}"
+        return f"{100 * free / reserved:.1f}% at OOM / {retries}"
+    return f"{100 * a['fragmentation_at_peak']:.1f}% / {retries}"
 
 
 def _tier_tables(a: Answer, rows, budget: int) -> None:

@@ -341,16 +341,51 @@ def gpu_headroom_words(c) -> str:
             f"the plan still fits)")
 
 
+def replayed_reserved_bytes(allocator: dict | None) -> float:
+    """The caching allocator replay's reserved peak (``torch.cuda.max_memory_reserved()``: the allocated bytes and
+    the cache the allocator holds beside them, `memo_sim.engine.result.allocator_summary`), or 0 where none ran (a
+    static memory plan's arena, a pipeline's summed allocations: ``replayed`` False)."""
+    a = allocator or {}
+    if a.get("static_memory_plan", True) or a.get("replayed") is False:
+        return 0.0
+    return float(a.get("peak_reserved_bytes") or 0.0)
+
+
+def deciding_gpu_peak(peak_bytes: float, allocator: dict | None) -> tuple[float, bool]:
+    """The GPU peak that decides fit, and whether it is the replay's reserved one: the higher of the peak and the
+    replay's reserved peak (`replayed_reserved_bytes`). A plan fits where both hold (the peak within the GPU, and
+    the replay finding room for every request), as explain says (`memo_sim.cli.explain._decides_words`); a review
+    found "GPU memory 73% full" beside a reserved peak at 100% of the usable memory. The what-if's words, explain's
+    binding line and the answer's margin line take it from here."""
+    reserved = replayed_reserved_bytes(allocator)
+    return (reserved, True) if reserved > peak_bytes else (peak_bytes, False)
+
+
+def deciding_peak_words(peak_text: str, peak_bytes: float, allocator: dict | None, capacity: float) -> str:
+    """``GPU memory N% full (...)`` of the deciding peak (`deciding_gpu_peak`): the replay's reserved peak named as
+    such, with the allocated peak (``peak_text``, its source named) beside it where the reserved one decides."""
+    from memo_sim.units import fmt_bytes
+
+    use, reserved = deciding_gpu_peak(peak_bytes, allocator)
+    if not reserved:
+        return f"GPU memory {100 * use / capacity:.0f}% full ({peak_text} of {fmt_bytes(capacity)}"
+    return (f"GPU memory {100 * use / capacity:.0f}% full (PyTorch's reserved peak {fmt_bytes(use)} (simulated, "
+            f"caching allocator replay) of {fmt_bytes(capacity)}, the higher of it and the allocated peak "
+            f"{peak_text}, so the one that decides fit")
+
+
 def gpu_memory_words(c) -> str:
-    """How full a fitting candidate's GPU memory is, and its largest term, in words."""
+    """How full a fitting candidate's GPU memory is (the deciding peak, `deciding_peak_words`), and its largest
+    term, in words."""
     from memo_sim.units import fmt_bytes
 
     m = c.memory
     peak, host = c.peak_gpu_bytes, c.host_bytes_per_node  # the candidate's own tier
     terms = memory_term_words(m)
     big = max(terms, key=terms.get)
-    words = (f"GPU memory {100 * peak / m.gpu_capacity_bytes:.0f}% full ({fmt_bytes(peak)} of "
-             f"{fmt_bytes(m.gpu_capacity_bytes)}; largest term {big} {fmt_bytes(terms[big])})")
+    alloc = (c.simulated or {}).get("allocator") if c.simulated and c.simulated.get("peak_gpu_bytes") else None
+    words = (deciding_peak_words(fmt_bytes(peak), peak, alloc, m.gpu_capacity_bytes)
+             + f"; largest term {big} {fmt_bytes(terms[big])})")
     if host > 0:
         words += f"; pinned host memory {100 * host / m.host_capacity_bytes:.0f}% full"
     return words

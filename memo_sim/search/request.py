@@ -254,7 +254,10 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> What
     memo_on_framework = None  # memo's best with the framework's mechanisms: what of the gap its layout and policy give
     if memo_best is not None and memo_best.sppo is None:
         fw = get_framework(req.framework)
-        lay = fw.adapt(memo_best.layout, req.profile)
+        from memo_sim.search.whatif import _adapter  # noqa: PLC0415
+
+        # the user's --alloc-conf on top, as the ranked plans have it (a review: "expandable_segments True -> False")
+        lay = _adapter(lambda x: fw.adapt(x, req.profile), req.alloc_conf)(memo_best.layout)
         why = framework_runs_why_not(fw, lay, memo_best, req)
         if why:
             memo_on_framework = {"not_runnable": why, "layout_label": lay.label()}
