@@ -150,8 +150,11 @@ def test_megatron_script_carries_the_models_numerics_and_names_what_it_cannot():
     assert args["--moe-router-load-balancing-type"] == "seq_aux_loss" and "--moe-router-enable-expert-bias" not in args
     args, _ = script("qwen3-30b-a3b")
     assert (args["--moe-router-load-balancing-type"], args["--moe-aux-loss-coeff"]) == ("aux_loss", "0.001")
-    _, gaps = script("mistral-7b")  # its preset leaves the base unstated: named, not guessed
+    unstated = replace(get_model("mistral-7b"), rope_theta=0.0)  # a model without a base: named, not guessed
+    _, gaps = script("mistral-7b", model=unstated)
     assert any("rotary base (the model does not state it)" in g for g in gaps), gaps
+    args, gaps = script("mistral-7b")  # its config.json's 1e6 (a review: the preset left it to Megatron's 10000)
+    assert args["--rotary-base"] == "1000000" and not any("rotary base" in g for g in gaps), gaps
     args, gaps = script("qwen3-8b", model=replace(get_model("qwen3-8b"), bias="all"))  # attention_bias: true
     assert "--disable-bias-linear" in args and "--add-qkv-bias" in args
     assert any("output projection's bias" in g for g in gaps), gaps
@@ -170,9 +173,9 @@ def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
     """Megatron-DeepSpeed's script left the rotary base (its default 10000 for Qwen3's 1e6) and the norm epsilon
     (its default 1e-5) to its defaults and named them as unchecked gaps: they are written with the options its
     megatron/arguments.py has (an integer base); the rotary scaling and an unstated base stay gaps."""
-    def script(name):
-        ex = export_plan(_plan(name, Layout(dp=8, zero=3), ("full_recompute",), seq=8192), "deepspeed",
-                         price=False, nearest=True)
+    def script(name, **over):
+        ex = export_plan(replace(_plan(name, Layout(dp=8, zero=3), ("full_recompute",), seq=8192), **over),
+                         "deepspeed", price=False, nearest=True)
         return _check_args(ex.files["deepspeed.sh"], _names("deepspeed_launcher_options.txt")), \
             [g.what for g in ex.gaps]
 
@@ -182,9 +185,11 @@ def test_deepspeed_script_carries_the_models_rotary_base_and_norm_epsilon():
     args, gaps = script("llama-3.1-8b")
     assert args["--rotary-position-embeddings-theta"] == "500000" and args["--layernorm-epsilon"] == "1e-05"
     assert any("rotary embedding's scaling (llama3 factor 8)" in g for g in gaps), gaps
-    args, gaps = script("mistral-7b")  # its preset leaves the base unstated: named, not guessed
+    args, gaps = script("mistral-7b", model=replace(get_model("mistral-7b"), rope_theta=0.0))  # no base: named
     assert "--rotary-position-embeddings-theta" not in args
     assert any("rotary base (the model does not state it)" in g for g in gaps), gaps
+    args, gaps = script("mistral-7b")  # its config.json's 1e6 (a review: the preset left it unstated)
+    assert args["--rotary-position-embeddings-theta"] == "1000000" and args["--layernorm-epsilon"] == "1e-05"
     args, gaps = script("glm-4.5-air")  # partial rotary: Megatron-DeepSpeed's --rotary-percent
     assert args["--rotary-percent"] == "0.5"
 

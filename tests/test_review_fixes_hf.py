@@ -35,11 +35,14 @@ def _refused(raw: dict, field: str) -> str:
 
 
 # A: num_key_value_heads 0 was read as absent (multi-head attention)
-@pytest.mark.parametrize("raw", [L1B, _hf("mixtral-8x7b"), _hf("llama-4-scout")], ids=["llama", "mixtral", "llama4"])
-def test_zero_kv_heads_refused(raw):
+@pytest.mark.parametrize("raw,absent_kv", [(L1B, None), (_hf("mixtral-8x7b"), 8), (_hf("llama-4-scout"), 8)],
+                         ids=["llama", "mixtral", "llama4"])
+def test_zero_kv_heads_refused(raw, absent_kv):
     _refused({**raw, "num_key_value_heads": 0}, "num_key_value_heads")
     absent = {k: v for k, v in raw.items() if k != "num_key_value_heads"}
-    assert hf_model_fields(absent).get("kv_heads") is None  # absent: multi-head attention, as before
+    # absent: the configuration class's default (MixtralConfig's and Llama4TextConfig's 8; LlamaConfig's None, the
+    # query heads: multi-head attention), not multi-head attention for every family (a review)
+    assert hf_model_fields(absent).get("kv_heads") == absent_kv
 
 
 # B: booleans given as strings were read by their truthiness

@@ -85,7 +85,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -95,7 +95,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memo_sim.errors import MemoError, validated
 from memo_sim.fileio import load_yaml, read_utf8
-from memo_sim.model.hf_config import (MAX_MTP_LAYERS, add_note, config_path, hf_model_fields, hf_names_hint,
+from memo_sim.model.hf_config import (MAX_MTP_LAYERS, MAX_NOTES, add_note, config_path, hf_model_fields, hf_names_hint,
                                       is_hf_config, language_model, model_name, with_defaults)
 from memo_sim.model.gemm_formats import GEMM_FORMATS, GemmFormat, gemm_format
 from memo_sim.model.moe_routers import ROUTER_NAMES, Router, router
@@ -126,6 +126,14 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
                    "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
                    "fp8_weights_per_use": False, "fp8_transposes": True, "qk_norm_kept": False}
+
+
+# the fields that describe a mixture of experts and mean nothing without ``experts`` (module docs): the one list a dense
+# model given any of them at other than its default is refused by (`ModelConfig.from_dict`; a review found moe_bias,
+# router, shared_gate, router_normalised, aux_loss_coef and seq_aux on a dense model read and silently ignored)
+EXPERT_FIELDS = ("top_k", "expert_ffn", "shared_experts", "shared_ffn", "shared_gate", "dense_layers", "dense_period",
+                 "router", "moe_bias", "router_groups", "router_group_topk", "router_scaling", "router_normalised",
+                 "aux_loss_coef", "seq_aux")
 
 
 def _dim(hi: int):
@@ -192,10 +200,14 @@ class _ModelIn(BaseModel):
     rotary_fraction: Annotated[float, Field(ge=0, le=1.0, allow_inf_nan=False)] = 0.0
     nope_period: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
     mtp_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_MTP_LAYERS)] = 0
-    not_modelled: str = Field("", strict=True, max_length=500)
+    not_modelled: str = Field("", strict=True, max_length=MAX_NOTES)
+    gemm_format_from: str = Field("", strict=True, max_length=1000)
 
     @model_validator(mode="after")
     def _shapes(self):
+        if self.swiglu_limit and self.ffn_type != "swiglu":  # a review: a GELU model's limit was described as priced
+            raise ValueError(f"swiglu_limit ({self.swiglu_limit:g}) clamps GPT-OSS's SwiGLU and ffn_type is "
+                             f"{self.ffn_type}: give ffn_type swiglu, or leave swiglu_limit out")
         if self.head_dim == 0 and self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}); change one of them "
                              f"(or give head_dim)")
@@ -215,11 +227,8 @@ class _ModelIn(BaseModel):
             if why:
                 raise ValueError(why)
             _check_period(self.layers, "dense", self.dense_period, self.dense_layers, full="MoE")
-        elif (self.top_k or self.shared_experts or self.dense_layers or self.dense_period or self.expert_ffn
-              or self.router_groups or self.router_group_topk or self.router_scaling != 1.0):
-            raise ValueError("top_k, expert_ffn, shared_experts, dense_layers, dense_period, router groups and "
-                             "router_scaling "
-                             "describe experts: give experts too")
+        # a dense model's expert fields (EXPERT_FIELDS) are refused where a file, a plan or flags give them
+        # (`ModelConfig.from_dict`): a view built in code may carry them (memo_exec.layer.dense_view)
         if self.sliding_layers > self.layers:
             raise ValueError(f"sliding_layers ({self.sliding_layers}) exceeds the {self.layers} layers")
         if bool(self.sliding_layers) != bool(self.sliding_window):
@@ -239,6 +248,11 @@ class _ModelIn(BaseModel):
             if not (self.head_dim and self.qk_rope_dim and self.v_head_dim):
                 raise ValueError("multi-head latent attention (kv_lora_rank) needs head_dim (the no-rope query/key "
                                  "head), qk_rope_dim and v_head_dim")
+            if self.kv_heads is not None:  # a review: the cost ignored it (`kv_dim`) while the layouts were held to it
+                raise ValueError(f"kv_heads ({self.kv_heads}) with kv_lora_rank ({self.kv_lora_rank}): under "
+                                 f"multi-head latent attention every head has its own keys and values, up-projected "
+                                 f"from the shared latent (DeepSeek-V2/V3's kv_b_proj: kv_lora_rank -> heads x "
+                                 f"(head_dim + v_head_dim), `attention_params`); leave kv_heads out")
         elif self.q_lora_rank or self.qk_rope_dim or self.v_head_dim:
             raise ValueError("q_lora_rank, qk_rope_dim and v_head_dim describe latent attention: give kv_lora_rank too")
         return self
@@ -375,6 +389,10 @@ class ModelConfig:
     mtp_layers: int = 0
     # what the source describes that memo neither counts nor prices (a sentence every what-if shows)
     not_modelled: str = ""
+    # where ``gemm_format`` was given when a model file gave it ("FILE: gemm_format"), for the refusals that name it
+    # (`memo_sim.cost.gemm_format.check_gemm_format`); "": a flag (--precision) or the default. Not part of what the
+    # model is (not compared, never written: `to_dict`)
+    gemm_format_from: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         # every way of building a model (presets, files, flags, plans) passes the one validator
@@ -781,6 +799,7 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["gemm_format_from"]  # where a file gave the format: said in refusals, never written (field docs)
         for k, v in _QUIET_DEFAULTS.items():
             if d[k] == v:
                 del d[k]
@@ -791,6 +810,12 @@ class ModelConfig:
         if isinstance(d, dict):
             d = {"name": source, **d}
         m = validated(_ModelIn, d, source)
+        if not m.experts:
+            given = [f for f in EXPERT_FIELDS if getattr(m, f) != _ModelIn.model_fields[f].default]
+            if given:
+                they = "they describe" if len(given) > 1 else "it describes"
+                raise MemoError(f"{source}: {', '.join(given)}: {they} experts and the model has none (experts 0); "
+                                f"give experts (and top_k) too, or leave {'them' if len(given) > 1 else 'it'} out")
         return cls(**m.model_dump())
 
 
@@ -820,8 +845,13 @@ PRESETS: dict[str, ModelConfig] = {
     # Hugging Face config.json of each model (`memo_sim.model.hf_config` reads the same files):
     # meta-llama/Llama-2-7b-hf, -70b-hf; meta-llama/Llama-3.1-8B, -70B, -405B; Qwen/Qwen2.5-7B, -72B;
     # mistralai/Mistral-7B-v0.3
-    # (the rotary base, the norms' epsilon and rotary scaling of each config.json; Qwen2.5-72B's and Mistral-7B's left
-    # unstated: the framework's defaults, which an export names)
+    # (the rotary base, the norms' epsilon and rotary scaling of each config.json; a review found Qwen2.5-72B's and
+    # Mistral-7B's left unstated, so the exports fell back to Megatron's --rotary-base 10000. Checked 2026-12-01 against
+    # copies of the config.json on huggingface.co: Mistral-7B-v0.3 rope_theta 1000000.0, rms_norm_eps 1e-05
+    # (unsloth/mistral-7b-v0.3, _name_or_path mistralai/Mistral-7B-v0.3; Mistral's params.json the same); the base
+    # Qwen2.5-72B rope_theta 1000000.0, rms_norm_eps 1e-05 (BitStack/BitStack-Qwen2.5-72B,
+    # sumuks/purple-wintermute-0.2-72b, _name_or_path Qwen/Qwen2.5-72B; Qwen2.5-72B-Instruct's says 1e-06: the base and
+    # the Instruct configs differ there, as Qwen/Qwen2-72B's 1e-05 and Qwen/Qwen2-72B-Instruct's 1e-06 do)
     **{name: ModelConfig(name, layers, hidden, heads, ffn, vocab=vocab, kv_heads=kv, ffn_type="swiglu",
                          norm="rmsnorm", bias=bias, tied_embeddings=False, rope_theta=theta, norm_eps=eps,
                          rope_scaling=scaling)
@@ -832,8 +862,8 @@ PRESETS: dict[str, ModelConfig] = {
            ("llama-3.1-70b", 80, 8192, 64, 8, 28672, 128256, "none", 500000.0, 1e-5, "llama3 factor 8"),
            ("llama-3.1-405b", 126, 16384, 128, 8, 53248, 128256, "none", 500000.0, 1e-5, "llama3 factor 8"),
            ("qwen2.5-7b", 28, 3584, 28, 4, 18944, 152064, "qkv", 1e6, 1e-6, ""),
-           ("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, "qkv", 0.0, 0.0, ""),
-           ("mistral-7b", 32, 4096, 32, 8, 14336, 32768, "none", 0.0, 0.0, ""))},
+           ("qwen2.5-72b", 80, 8192, 64, 8, 29568, 152064, "qkv", 1e6, 1e-5, ""),
+           ("mistral-7b", 32, 4096, 32, 8, 14336, 32768, "none", 1e6, 1e-5, ""))},
     # Qwen3 (dense): heads of 128 whatever hidden / heads is (kept under --hidden, as the config.json's head_dim is
     # read), an RMSNorm over each query and key head; the
     # config.json of Qwen/Qwen3-8B, -14B, -32B (tests/data/hf holds them, and the counts transformers gives them)
@@ -937,6 +967,10 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     d.update(over)
     if rename and set(over) - {"gemm_format"}:
         d["name"] = f"{base.name}-custom"
+    if over.get("kv_heads") and base.mla:  # the flag's name (the validator's refusal names the field)
+        raise MemoError(f"--kv-heads {over['kv_heads']}: {base.name} has multi-head latent attention (kv_lora_rank "
+                        f"{base.kv_lora_rank}), whose every head has its own keys and values, up-projected from the "
+                        f"shared latent; leave --kv-heads out")
     kv = base.n_kv_heads
     heads = over.get("heads", base.heads)
     if over.get("kv_heads") and heads % over["kv_heads"]:  # the flag's name, not the validator's internal label
@@ -945,6 +979,8 @@ def with_overrides(base: ModelConfig, source: str = "model flags", rename: bool 
     if "heads" in over and "kv_heads" not in over and base.kv_heads is not None and over["heads"] % kv:
         raise MemoError(f"--heads {over['heads']}: {base.name} has {kv} K/V heads, which must divide the query heads; "
                         f"give --heads a multiple of {kv}, or --kv-heads")
+    if base.gemm_format_from and "gemm_format" not in over:  # the file's format kept: still the file's to name
+        d["gemm_format_from"] = base.gemm_format_from
     out = ModelConfig.from_dict(d, source=source)
     if "ffn" in over and out.moe and out.expert_ffn and not out.mixes_dense_layers:
         raise MemoError(f"--ffn {over['ffn']}: every layer of {base.name} is a MoE layer, whose experts' width "
@@ -969,6 +1005,18 @@ def preset_key(name: str) -> str:
     return HF_NAMES.get(key, key)
 
 
+def _release_words(preset: str) -> str:
+    """' (mistral-7b-v0.3: vocab 32768, no sliding window)' for a preset that is one release of a model Hugging Face
+    names by version (`HF_NAMES`), so that a near name of another release (``mistral-7b-v0.1``: vocab 32000, a
+    4096-token window) is not taken for it (a review); '' for the others."""
+    release = next((hf for hf, p in HF_NAMES.items() if p == preset and hf != preset), "")
+    if not release:
+        return ""
+    m = PRESETS[preset]
+    window = f"a {m.sliding_window}-token sliding window" if m.sliding_layers else "no sliding window"
+    return f" ({release}: vocab {m.vocab}, {window}; for another release give its config.json)"
+
+
 def get_model(name: str) -> ModelConfig:
     """A preset by name (as Hugging Face spells it too: ``Qwen3-32B``, ``Qwen/Qwen3-32B``,
     ``mistralai/Mixtral-8x7B-v0.1``), or a model file."""
@@ -979,7 +1027,7 @@ def get_model(name: str) -> ModelConfig:
     if key in PRESETS:
         return PRESETS[key]
     near = difflib.get_close_matches(key, PRESETS, n=1, cutoff=0.8)
-    hint = f"did you mean {near[0]!r}? " if near else ""
+    hint = f"did you mean {near[0]!r}{_release_words(near[0])}? " if near else ""
     raise MemoError(f"model {name!r} unknown; {hint}presets: {', '.join(PRESETS)} (or a .yaml/.json model file, a "
                     f"Hugging Face config.json or its folder, or --layers/--hidden/...)")
 
@@ -1003,8 +1051,8 @@ def model_from_file(path: str | Path) -> ModelConfig:
         lm, how = language_model(raw, source=str(path))  # a multimodal wrapper's text_config, or by architectures
         src = f"{path} text_config" if lm is not raw and isinstance(raw.get("text_config"), dict) else str(path)
         fields = hf_model_fields(with_defaults(path, lm), source=src, name=model_name(path))  # where a field lies
-        if how:
-            add_note(fields, how)
+        if how:  # what the wrapper leaves out (its vision tower) before the language model's own notes (a review)
+            add_note(fields, how, first=True)
         try:
             return ModelConfig.from_dict(fields, source=str(path))
         except MemoError as e:  # memo's field names, with the config.json keys they were read from
@@ -1017,6 +1065,8 @@ def model_from_file(path: str | Path) -> ModelConfig:
     raw.setdefault("name", path.stem)
     if not isinstance(raw["name"], str):
         raw["name"] = str(raw["name"])
+    if "gemm_format" in raw:  # named in a refusal of the format as the file's field, not a flag (a review)
+        raw["gemm_format_from"] = f"model file {path}: gemm_format"
     try:
         return ModelConfig.from_dict(raw, source=str(path))
     except MemoError as e:  # a config.json without the keys that say so (a review: 'layers: missing field')

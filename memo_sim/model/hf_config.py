@@ -36,7 +36,7 @@ Qwen's and GPT-OSS: `_refuse_window`), cross-attention or
 encoder-decoder models, GPT-NeoX's parallel residual, a head dimension other than hidden / heads
 in gpt2, gpt_neox or qwen2, biases on the MLP of a gated FFN, an activation it does not know. Boolean fields are
 JSON booleans or null (`_flag`: a string "false" is refused, not read as true), ``rope_scaling`` a mapping or null,
-``num_key_value_heads`` absent (multi-head attention) or a whole number >= 1.
+``num_key_value_heads`` absent (the family's default), null (multi-head attention) or a whole number >= 1.
 
 A ``head_dim`` the file states is kept for the families that read it (qwen3, llama, mistral and the MoE ones), even
 where it is hidden / heads, so that ``--hidden`` keeps the head size as README says. GPT-NeoX's ``rotary_pct``
@@ -56,6 +56,8 @@ from memo_sim.model.router_groups import router_groups_why_not
 # the most multi-token-prediction modules a model may have in memo (DeepSeek-V3 and GLM-4.5 have one; memo's
 # `ModelConfig.mtp_layers` takes this bound too)
 MAX_MTP_LAYERS = 16
+# the longest ``not_modelled`` (the model's notes, `add_note`) memo takes, in characters (`ModelConfig.not_modelled`)
+MAX_NOTES = 2000
 
 DENSE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt_neox")
 _HEAD_DIM = ("llama", "mistral")  # dense families whose configuration class has head_dim (LlamaConfig, MistralConfig)
@@ -78,26 +80,33 @@ _MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_
 # GptOssTopKRouter, a softmax over the top-k logits) and Llama 4 never does (its sigmoid): the key is not read there
 _NORM_TOPK = ("qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "glm4_moe")
 
-# Each family's defaults for the fields memo reads (transformers' configuration classes).
+# Each family's defaults for the fields memo reads (transformers' configuration classes). num_key_value_heads: the
+# class's default where the key is absent (a review: a Mixtral config without it was read as multi-head attention),
+# checked 2026-12-01 in huggingface/transformers: MixtralConfig 8 (configuration_mixtral.py at ad467bd), MistralConfig 8
+# (at 001f85b), Qwen2Config 32, Qwen3Config 32, Qwen2MoeConfig 16, Qwen3MoeConfig 4, Llama4TextConfig 8 (at 008e574),
+# GptOssConfig 8 (at 02b8f42), Glm4MoeConfig 8 (at 008c726); LlamaConfig's None, the query heads. A null in the file is
+# read as the query heads (`_kv_heads`), as the classes' `num_key_value_heads is None` branch does. DeepSeek-V2/V3's
+# value is not read: their latent attention gives every head its own keys and values (memo's kv_heads stays unset)
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "mlp_bias": False},
-    "mistral": {"tie_word_embeddings": False, "hidden_act": "silu", "sliding_window": 4096},
-    "qwen2": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False},
+    "mistral": {"tie_word_embeddings": False, "hidden_act": "silu", "sliding_window": 4096, "num_key_value_heads": 8},
+    "qwen2": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False,
+              "num_key_value_heads": 32},
     "qwen3": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False, "attention_bias": False,
-              "head_dim": 128},
+              "head_dim": 128, "num_key_value_heads": 32},
     "gpt2": {"activation_function": "gelu_new", "n_inner": None, "add_cross_attention": False,
              "tie_word_embeddings": True},
     "gpt_neox": {"tie_word_embeddings": False, "hidden_act": "gelu", "use_parallel_residual": True,
                  "attention_bias": True, "rotary_pct": 0.25},
     "mixtral": {"tie_word_embeddings": False, "hidden_act": "silu", "sliding_window": None, "num_local_experts": 8,
-                "num_experts_per_tok": 2},
+                "num_experts_per_tok": 2, "num_key_value_heads": 8},
     "qwen2_moe": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "num_experts_per_tok": 4, "num_experts": 60,
                   "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "qkv_bias": True,
-                  "norm_topk_prob": False},
+                  "norm_topk_prob": False, "num_key_value_heads": 16},
     "qwen3_moe": {"tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "attention_bias": False, "num_experts_per_tok": 8,
-                  "num_experts": 128, "moe_intermediate_size": 768, "norm_topk_prob": False},
+                  "num_experts": 128, "moe_intermediate_size": 768, "norm_topk_prob": False, "num_key_value_heads": 4},
     "deepseek_v2": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
                     "first_k_dense_replace": 0, "moe_layer_freq": 1, "n_shared_experts": None, "scoring_func": "softmax",
                     "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
@@ -109,18 +118,18 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
                     "v_head_dim": 128, "num_nextn_predict_layers": 0, "topk_method": "noaux_tc", "n_group": 8,
                     "topk_group": 4, "routed_scaling_factor": 2.5, "norm_topk_prob": True},
     "gpt_oss": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": True, "num_local_experts": 128,
-                "num_experts_per_tok": 4, "sliding_window": 128, "head_dim": 64},
+                "num_experts_per_tok": 4, "sliding_window": 128, "head_dim": 64, "num_key_value_heads": 8},
     # transformers 5.24.0's Glm4MoeConfig (head_dim: hidden / heads where absent, as its attention reads it)
     "glm4_moe": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False,
                  "moe_intermediate_size": 1408, "num_experts_per_tok": 8, "n_shared_experts": 1,
                  "n_routed_experts": 128, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1,
                  "first_k_dense_replace": 1, "use_qk_norm": False, "num_nextn_predict_layers": 1,
-                 "partial_rotary_factor": 0.5, "norm_topk_prob": True},
+                 "partial_rotary_factor": 0.5, "norm_topk_prob": True, "num_key_value_heads": 8},
     # transformers 5.24.0's Llama4TextConfig
     "llama4_text": {"tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": False, "head_dim": 128,
                     "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_local_experts": 16,
                     "num_experts_per_tok": 1, "interleave_moe_layer_step": 1, "use_qk_norm": True,
-                    "attention_chunk_size": 8192},
+                    "attention_chunk_size": 8192, "num_key_value_heads": 8},
 }
 
 
@@ -389,9 +398,19 @@ def _with_quantization_note(d: dict, c: dict) -> dict:
     return add_note(d, note)
 
 
-def add_note(d: dict, note: str) -> dict:
-    """``d`` with ``note`` added to its ``not_modelled`` (one sentence of the model's notes each)."""
-    d["not_modelled"] = "; ".join(x for x in (d.get("not_modelled", ""), note) if x)[:500]
+def add_note(d: dict, note: str, first: bool = False) -> dict:
+    """``d`` with ``note`` added to its ``not_modelled`` (one sentence of the model's notes each, "; " between them),
+    after the others or, ``first``, before them (what a wrapper's config leaves out: its vision tower). Whole notes
+    only: the text was cut at 500 characters mid-word and could lose the vision tower's note (a review); a note that
+    would take the text past `MAX_NOTES` is left out whole."""
+    notes = [x for x in (note, d.get("not_modelled", "")) if x] if first else \
+        [x for x in (d.get("not_modelled", ""), note) if x]
+    kept = ""
+    for x in notes:
+        joined = f"{kept}; {x}" if kept else x
+        if len(joined) <= MAX_NOTES:
+            kept = joined
+    d["not_modelled"] = kept
     return d
 
 
@@ -428,8 +447,9 @@ def _flag(c: dict, key: str, refuse, default: bool = False) -> bool:
 
 
 def _kv_heads(c: dict, heads: int, refuse) -> int:
-    """``num_key_value_heads``: the query heads (multi-head attention) where it is absent or null, else a whole number
-    >= 1; 0 was read as absent (a review), a model without K/V heads being no model."""
+    """``num_key_value_heads`` (``c`` holds the family's default where the file leaves it out: `_DEFAULTS`): the query
+    heads (multi-head attention) where it is null or the family has no default (LlamaConfig's None), else a whole
+    number >= 1; 0 was read as absent (a review), a model without K/V heads being no model."""
     if c.get("num_key_value_heads") is None:
         return heads
     return _whole(c, "num_key_value_heads", refuse)
@@ -691,12 +711,25 @@ def with_defaults(f: Path, raw: dict) -> dict:
     return raw
 
 
-# memo's model fields and the Hugging Face keys they are read from above (the common ones), for error hints
+# memo's model fields and the Hugging Face keys they are read from above, in the order the readers try them, for error
+# hints: every field read from a key of its own (a review: an rms_norm_eps of 5 was refused as "norm_eps" alone). Not
+# here: the fields read under memo's own name alone (sliding_window, kv_lora_rank, q_lora_rank, v_head_dim, seq_aux,
+# swiglu_limit, rope_scaling: the file's key is the field's) and those derived from several keys (bias,
+# sliding_layers, chunked_layers, dense_period, nope_period)
 HF_KEYS = {"hidden": ("hidden_size", "n_embd"), "heads": ("num_attention_heads", "n_head"),
            "layers": ("num_hidden_layers", "n_layer"), "ffn": ("intermediate_size", "n_inner"),
-           "vocab": ("vocab_size",), "kv_heads": ("num_key_value_heads",), "head_dim": ("head_dim",),
+           "vocab": ("vocab_size",), "kv_heads": ("num_key_value_heads",), "head_dim": ("head_dim", "qk_nope_head_dim"),
            "experts": ("num_local_experts", "num_experts", "n_routed_experts"), "top_k": ("num_experts_per_tok",),
-           "expert_ffn": ("moe_intermediate_size",)}
+           "expert_ffn": ("moe_intermediate_size",),
+           "norm_eps": ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
+           "rope_theta": ("rope_theta", "rotary_emb_base"), "aux_loss_coef": ("router_aux_loss_coef", "aux_loss_alpha"),
+           "rotary_fraction": ("partial_rotary_factor", "rotary_pct"), "qk_rope_dim": ("qk_rope_head_dim",),
+           "shared_experts": ("n_shared_experts",), "shared_ffn": ("shared_expert_intermediate_size",),
+           "dense_layers": ("first_k_dense_replace", "mlp_only_layers"), "router_groups": ("n_group",),
+           "router_group_topk": ("topk_group",), "router_scaling": ("routed_scaling_factor",),
+           "router_normalised": ("norm_topk_prob",), "mtp_layers": ("num_nextn_predict_layers",),
+           "attention_chunk": ("attention_chunk_size",), "qk_norm": ("use_qk_norm",),
+           "tied_embeddings": ("tie_word_embeddings",), "dtype": ("torch_dtype", "dtype")}
 
 
 def hf_names_hint(message: str, raw: dict) -> str:

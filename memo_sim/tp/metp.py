@@ -38,8 +38,17 @@ class Metp(MetpFfn):
         # the executor's other build limits (memo_exec.metp.flavour FULL_METP_ARCHITECTURE), which `memo_sim.cost.metp`
         # prices no other way either (a review: --head-dim 256 priced at the hidden width, 70.7% MFU; a sliding
         # window priced as full causal attention)
-        standard = model.qk_head_dim * model.heads == model.hidden and model.value_head_dim == model.qk_head_dim
-        if model.qk_norm or not standard:
+        # The executor's own rule, applied as it states it (head_dim 0: heads of hidden / heads; latent attention's
+        # and a value head's widths need a head_dim too): a head_dim stated at hidden / heads passed the width test
+        # this had (qk_head_dim x heads == hidden) and its plan was refused by memo-exec (a review). The stated
+        # head_dim is kept rather than normalised to 0, as `--hidden` keeps a stated head size (README, model files)
+        if model.head_dim and not model.qk_norm and model.head_dim * model.heads == model.hidden and not model.mla:
+            return (f"memo's executor builds two-level METP attention for an unstated head_dim (heads of hidden / "
+                    f"heads: memo_exec.metp.flavour FULL_METP_ARCHITECTURE) and {model.name} states head_dim "
+                    f"{model.head_dim}, which is hidden / heads ({model.hidden} / {model.heads}): leave head_dim out "
+                    f"of the model file (or give --head-dim 0), or use metp_ffn (METP on the FFN, Megatron TP on "
+                    f"attention)")
+        if model.qk_norm or model.head_dim:
             return (f"two-level METP attention is built and priced for heads of hidden / heads without QK norms; "
                     f"{model.name} has {model.heads} heads of {model.qk_head_dim} in {model.hidden}"
                     f"{' and QK norms' if model.qk_norm else ''}: use metp_ffn (METP on the FFN, Megatron TP on "
