@@ -96,6 +96,15 @@ def run_model(plan: Plan, opts: RunOptions) -> ModelConfig:
         raise ExecError(why)
     if opts.layers is not None and opts.layers > plan.model.layers:
         raise ExecError(f"--layers {opts.layers}: the plan's model has {plan.model.layers} layers; run at most that many")
+    lay = plan.layout
+    if opts.layers is not None and (why := lay.split_why_not(opts.layers)):
+        # the plan's pipeline split must hold for N layers (`Layout.split_why_not`, the check the ranks' schedules
+        # make): refused here, before --nproc launches a rank (a review: each rank failed after 15 s without
+        # naming --layers); the check's memo-sim fix (its flags) is left out
+        fit = [str(n) for n in range(1, plan.model.layers + 1) if lay.split_why_not(n) is None]
+        raise ExecError(f"--layers {opts.layers}: plan layout {lay.label()} cannot split them over its "
+                        f"{lay.pp * lay.vpp} model chunks ({why.split(';')[0]}); give --layers "
+                        f"{', '.join(fit[:-1]) + ' or ' if len(fit) > 1 else ''}{fit[-1]}")
     return dataclasses.replace(plan.model, layers=opts.layers or plan.model.layers)
 
 

@@ -60,7 +60,11 @@ def stage_timeline(measured: Timeline, plan) -> Timeline:
 
 
 def ideal_bubble(pp: int, vpp: int, m: int) -> float:
-    return (pp - 1) / (vpp * m + pp - 1)
+    """The equal-stage bubble as a share of the iteration: the simulator's one definition
+    (`memo_sim.engine.schedules.microbatch.ideal_bubble_fraction`, which `memo-sim simulate` prints)."""
+    from memo_sim.engine.schedules.microbatch import ideal_bubble_fraction  # noqa: PLC0415
+
+    return ideal_bubble_fraction(pp, vpp, m)
 
 
 def stage_rows(tl: Timeline, pp: int) -> list[dict]:

@@ -235,10 +235,11 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                           f"activations and gradients {100 * st['stage_wait_s'] / st['compute_busy_s']:.1f}%; the "
                           f"rest on its own collectives and copies, a tied embedding's gradient sum, and after its "
                           f"last op)" if bub is not None else ""))
-        ideal, it = r.pipeline["ideal_bubble_ratio"], r.iteration_s
+        ideal, it = r.pipeline["ideal_bubble_fraction"], r.iteration_s  # a share of the iteration, as memo-exec's
         rows = r.pipeline["stages"]
         waits = sum(st["stage_wait_s"] for st in rows) / (len(rows) * it) if it else None
-        click.echo(f"  bubble (p - 1)/(v m) = {100 * ideal:.1f}% for equal stages; idle share of the iteration "
+        click.echo(f"  bubble (p - 1)/(v m + p - 1) = {100 * ideal:.1f}% of the iteration for equal stages; idle "
+                   f"share of the iteration "
                    + (f"{100 * r.pipeline['bubble_fraction']:.1f}%, of it waiting for other stages' "
                       f"activations and gradients {100 * waits:.1f}%"
                       if r.pipeline["bubble_fraction"] is not None and waits is not None else "-")

@@ -226,7 +226,7 @@ def live_words(live: dict[str, float]) -> dict[str, float]:
     layers keep them (in how many micro-batches, `memo_sim.engine.schedules.microbatch_fold.mb_tensor`,
     or SPPO subsequences), and the static allocations (model states, the policy's buffers)."""
     out: dict[str, float] = {}
-    kept: dict[str, tuple[set, set, float]] = {}  # role -> the layers, the copies keeping it, their bytes
+    kept: dict[str, tuple[set, set, float]] = {}  # role -> the (layer, copy) units keeping it, their bytes
     for tensor, nbytes in live.items():
         m = _LAYER_TENSOR.match(tensor)
         if m is None:
@@ -240,14 +240,29 @@ def live_words(live: dict[str, float]) -> dict[str, float]:
         else:  # a kept tensor, with what an offload or prefetch moved of it (``skeletal.offloaded``)
             head = m["rest"].split(".")[0]
             role = ROLE_WORDS.get(head, head.replace("_", " "))
-            layers, copies, total = kept.get(role, (set(), set(), 0.0))
-            kept[role] = (layers | {int(m["layer"])}, copies | {(m["mb"], m["tag"])}, total + nbytes)
+            units, total = kept.get(role, (set(), 0.0))
+            units.add((int(m["layer"]), m["mb"], m["tag"]))
+            kept[role] = (units, total + nbytes)
             continue
         out[key] = out.get(key, 0.0) + nbytes
-    for role, (layers, copies, nbytes) in kept.items():
-        words = f"layer {min(layers)}'s {role}" if len(layers) == 1 else f"{role} of {len(layers)} layers"
-        mbs, tags = {c[0] for c in copies if c[0] is not None}, {c[1] for c in copies if c[1] is not None}
-        words += (f" in {len(mbs)} micro-batches" if len(mbs) > 1 else "") + (
-            f" of {len(tags)} subsequences" if len(tags) > 1 else "")
-        out[words] = nbytes
+    for role, (units, nbytes) in kept.items():
+        out[_kept_words(role, units)] = nbytes
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _kept_words(role: str, units: set) -> str:
+    """``role`` kept by ``units`` ((layer, micro-batch, subsequence) each) in words. Where every layer keeps it in
+    every micro-batch (subsequence) named, 'of L layers in M micro-batches' counts the units; where not (a pipeline
+    rank's units in flight: 1F1B's chunks at different depths, the interleaved schedule's chunks, MEMO's rank-wide
+    forward and prefetch slots), the unit count is said with its span (a review: '2 layers in 7 micro-batches' were
+    11 units under interleaving, not 14)."""
+    layers = {u[0] for u in units}
+    mbs, tags = {u[1] for u in units if u[1] is not None}, {u[2] for u in units if u[2] is not None}
+    if len(units) == len(layers) * max(len(mbs), 1) * max(len(tags), 1):
+        words = f"layer {min(layers)}'s {role}" if len(layers) == 1 else f"{role} of {len(layers)} layers"
+        return words + (f" in {len(mbs)} micro-batches" if len(mbs) > 1 else "") + (
+            f" of {len(tags)} subsequences" if len(tags) > 1 else "")
+    unit = "layer-" + "-".join(w for w, xs in (("micro-batch", mbs), ("subsequence", tags)) if xs)
+    span = [f"{len(layers)} layer{'s' if len(layers) > 1 else ''}"] + [
+        f"up to {len(xs)} {w}" for w, xs in (("micro-batches", mbs), ("subsequences", tags)) if len(xs) > 1]
+    return f"{role} of {len(units)} {unit} units ({', '.join(span)})"

@@ -32,7 +32,9 @@ from memo_sim.cost.memo import memoised, memoised_by
 from memo_sim.cost.memory import mtp_activation_bytes
 from memo_sim.cost.sppo import stage_model_state_bytes, stage_split_key
 from memo_sim.errors import MemoError
-from memo_sim.engine.schedules.microbatch import micro_batch_pipelines, stage_in_flight, stage_in_flight_layers
+from memo_sim.engine.schedules.microbatch import (
+    micro_batch_pipelines, stage_in_flight, stage_in_flight_layers, takes_virtual_stages,
+)
 from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import (
     ExpertChoice, Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split,
@@ -364,6 +366,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
             searched["pp"].append(p)
         for lay in valid:
             chunked: dict[int, Layout | None] = {}  # vpp -> the layout with that many chunks (every mb and schedule's)
+            said: set[str] = set()  # the schedules whose refusal of this layout is in searched["why_none"]
             b = batch
             if global_batch is not None:
                 if global_batch % lay.dp:
@@ -379,14 +382,20 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                     searched["why_none"] = rejected[-1][1]
                     continue
                 for name in names:
-                    vpps = ([lay.vpp] if chunks else [vpp] if vpp is not None
-                            else [1] + [v for v in range(2, MAX_VPP + 1)])
+                    # the virtual-stage counts a schedule runs: vpp > 1 for the interleaved schedule alone (a review:
+                    # 1F1B's search tried vpp 2-4 and 'do not split into pp x vpp = 24 model chunks' hid the reason
+                    # 1F1B itself was refused)
+                    searched_vpps = list(range(2, MAX_VPP + 1)) if takes_virtual_stages(name) else [1]
+                    vpps = [lay.vpp] if chunks else [vpp] if vpp is not None else searched_vpps
                     for v in vpps:
                         if v not in chunked:
                             chunked[v] = _chunked(model, lay, v, fixed_ends=fixed_ends, allows=allows)
                         cand = chunked[v]
                         if cand is None:  # the layers do not split into these chunks (the reason: the even split's)
-                            searched["why_none"] = replace(lay, vpp=v).split_why_not(model.layers)
+                            # a split at a vpp the search chose says less than a reason already found (the batch's or
+                            # the schedule's at a vpp the layers split into); at a vpp asked for it is the reason
+                            if vpp is not None or chunks or not searched.get("why_none"):
+                                searched["why_none"] = replace(lay, vpp=v).split_why_not(model.layers)
                             continue
                         why = check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
                                              policy_name="store_all", uneven=cand.uneven)
@@ -394,8 +403,11 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                             why = schedule_why_not(name, p, b // mb)
                         if why:
                             # a schedule that takes other virtual stages says less than another's reason (fixed vpp 1:
-                            # interleaved's 'needs 2 virtual stages' hid 1F1B's)
-                            if "virtual stages" not in why or not searched.get("why_none"):
+                            # interleaved's 'needs 2 virtual stages' hid 1F1B's); a schedule's reason at the layout's
+                            # smallest micro-batch (the most micro-batches: nearest to the m >= pp and m % pp rules)
+                            # is not replaced by its reason at a larger one (a review: 'got 1 for pp 8', batch 4)
+                            if name not in said and ("virtual stages" not in why or not searched.get("why_none")):
+                                said.add(name)
                                 searched["why_none"] = why if why.startswith(name) else f"{name}: {why}"
                             continue
                         why = states_why_not(model, cand, profile)

@@ -312,6 +312,15 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if schedules and "sppo" in schedules and "sppo" in policy_names() and (why := policy_class("sppo").model_why_not(
             model)):  # the schedule runs that policy alone
         raise MemoError(f"--schedule sppo: {why}; fix: choose another --schedule")
+    if schedules and policies is not None:  # a policy asked for that no schedule asked for runs (a review: --schedule
+        # sppo --policy memo said 'no factorisation of the GPU count matches the fixed degrees', and with --pp 2 'no
+        # pipeline schedule is searched (sppo)'); the rule is `memo_sim.layout.schedule.schedule_runs_policy`'s
+        for p in policies:
+            if p != "sppo" and p in policy_names() and not any(schedule_runs_policy(n, p) for n in schedules):
+                other = f"or drop --policy {p}" if "sppo" in policies else "or ask for --policy sppo"
+                raise MemoError(f"--policy {p} with --schedule {' '.join(schedules)}: the sppo schedule runs "
+                                f"--policy sppo only; add --schedule single_stage, 1f1b or interleaved_1f1b for {p}, "
+                                f"{other}")
     policies = fw.policies if policies is None else policies
     policies = tuple(p for p in policies if prices_model(p, model))
     _check_options(fw, policies, alpha, batch, micro_batch, global_batch, schedules)

@@ -58,4 +58,4 @@ def simulate_interleaved_1f1b(model, layout, batch, seq, policy, profile, **opti
     return simulate_microbatch(NAME, order, model, layout, batch, seq, policy, profile, **options)
 
 
-register_order(NAME, order)
+register_order(NAME, order, virtual_stages=True)

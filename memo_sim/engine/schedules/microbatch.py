@@ -24,8 +24,8 @@ micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
   policy's forward-kept bytes (`Policy.forward_kept`: every skeletal tensor for store all, the
   layer input for full recompute, lse for the offloading policies) at its forward and frees them
   after its backward, so a rank holds them for every micro-batch in flight (1F1B: p - s on stage
-  s). An offloading policy's unit writes its skeletal tensors (the rounding-buffer slot,
-  ``skeletal.total`` bytes) and copies them to host on ``d2h`` after its forward; the slot is
+  s). An offloading policy's unit writes its skeletal tensors (the rounding-buffer slot, one of the
+  policy's own buffers: `unit_slot_bytes`) and copies them to host on ``d2h`` after its forward; the slot is
   free when the copy ends. MEMO's rounding-buffer rule (`memo_sim.policy.rounding_buffers`) runs
   over the rank's forward units in order: a unit's output write waits for the offload of the
   unit before it, and the rank's last two forward units are not offloaded (they stay in their
@@ -97,7 +97,7 @@ from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy, uses_memory_plan
-from memo_sim.policy.rounding_buffers import is_offloaded, output_write_waits_for
+from memo_sim.policy.rounding_buffers import N_BUFFERS, is_offloaded, output_write_waits_for
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.timeline import COPY_STREAMS, Timeline
 
@@ -117,12 +117,25 @@ class Step:
 Order = Callable[[int, int, int, int], list[Step]]  # (pp, micro_batches, vpp, rank) -> the rank's steps
 
 _ORDERS: dict[str, Order] = {}
+_VIRTUAL: set[str] = set()  # the schedules whose ranks hold more than one model chunk
 
 
-def register_order(name: str, order: Order) -> None:
+def register_order(name: str, order: Order, *, virtual_stages: bool = False) -> None:
     """A micro-batch pipeline schedule's per-rank order, by the schedule's name (its module calls
-    this; the search reads the in-flight counts off it)."""
+    this; the search reads the in-flight counts off it). ``virtual_stages``: the order runs vpp >= 2
+    model chunks per rank (interleaved 1F1B); else one (1F1B)."""
     _ORDERS[name] = order
+    if virtual_stages:
+        _VIRTUAL.add(name)
+    else:
+        _VIRTUAL.discard(name)
+
+
+def takes_virtual_stages(name: str) -> bool:
+    """Whether the micro-batch pipeline schedule ``name`` runs more than one model chunk per rank (the search
+    tries vpp > 1 for it alone: `memo_sim.search.pipeline.pipeline_candidates`)."""
+    pipeline_order(name)  # a one-line error for a name that is not a micro-batch pipeline
+    return name in _VIRTUAL
 
 
 def pipeline_order(name: str) -> Order:
@@ -167,6 +180,27 @@ def _stage_in_flight_layers(order, pp: int, micro_batches: int, vpp: int, chunk_
             peak = max(peak, live)
         out.append(peak)
     return tuple(out)
+
+
+def unit_slot_bytes(policy: Policy, sk: dict) -> float:
+    """The rounding-buffer slot one unit of an offloading policy writes and one prefetch allocates again: one of the
+    policy's own `N_BUFFERS` buffers (`Policy.static_gpu`; a pipeline rank's four of `Policy.pipeline_rank_blocks`
+    are the same size), so ``skeletal.total`` for MEMO and full offload, the layer input alone for checkpoint offload
+    (its recompute buffer is `Policy.recompute_allocated`'s, as under full recompute; memo_exec allocates the same:
+    `memo_exec.activations.checkpoint_offload`). 0 for a policy that does not offload. A review found the whole
+    skeletal slot priced for checkpoint offload, 15 GiB above its analytic peak for gpt-7b at 64K, pp 4, tp 2."""
+    if not policy.offloads:
+        return 0.0
+    return sum(b for _n, b in policy.static_gpu(sk)) / N_BUFFERS
+
+
+def ideal_bubble_fraction(pp: int, vpp: int, micro_batches: int) -> float:
+    """The share of the iteration a stage idles with equal stage times: fill and drain add (p - 1)·W/v of idle
+    time to its v·m chunk steps of W/v each (W: a stage's work per micro-batch), so (p - 1)/(v·m + p - 1): 60 %
+    for p 4, v 1, m 2. Megatron-LM's paper (Narayanan et al. 2021, sec. 2.2) states the idle time over the work,
+    (p - 1)/(v·m) (`memo_sim.search.estimate.pipeline_bubble`), 150 % there, which is no share of anything.
+    memo-exec's pipeline report (``ideal_bubble_fraction``, memo_exec/pipeline/report.py) gives the same share."""
+    return (pp - 1) / (vpp * micro_batches + pp - 1)
 
 
 def in_flight(order: list[Step]) -> int:
@@ -369,7 +403,7 @@ class _MicrobatchBuilder:
         sk = costs.skeletal
         self.kept = tuple(policy.forward_kept(sk))
         self.rec_alloc = tuple(policy.recompute_allocated(sk))
-        self.slot = sk["total"] if policy.offloads else 0.0  # an offloading policy's rounding-buffer slot per unit
+        self.slot = unit_slot_bytes(policy, sk)  # an offloading policy's rounding-buffer slot per unit
         # forward units per rank: its chunks' layers x micro-batches
         self.n_f_of = [m * sum(len(ranges[c * p + s]) for c in range(v)) for s in range(p)]
         self.sync = costs.sync
@@ -718,7 +752,7 @@ def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, c
     if n_layers % (p * v) or layout.uneven:  # uneven stages: simulated whole
         return None
     lc = n_layers // (p * v)
-    plan = plan_window_fold(order, p, m, v, lc, policy, bool(policy.offloads and costs.skeletal["total"]))
+    plan = plan_window_fold(order, p, m, v, lc, policy, bool(unit_slot_bytes(policy, costs.skeletal)))
     if plan is None:
         return None
     detail = resolve_detail(detail, costs, p, m, v, lc)  # the whole iteration's
@@ -811,7 +845,10 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
             "detail": sched.detail, "stages": rows, "worst_stage": worst.index,
             "exposed_p2p_s": max(out.p2p_waits.values(), default=0.0),
             "bubble_fraction": (1 - busy / (len(rows) * it)) if it else None,
-            "ideal_bubble_ratio": (layout.pp - 1) / (layout.vpp * m)}
+            # the equal-stage bubble two ways: over the work ((p - 1)/(v m), the analytic tier's ratio,
+            # `memo_sim.search.estimate.pipeline_bubble`) and as the iteration's share, beside bubble_fraction
+            "ideal_bubble_ratio": (layout.pp - 1) / (layout.vpp * m),
+            "ideal_bubble_fraction": ideal_bubble_fraction(layout.pp, layout.vpp, m)}
     meta = {
         "source": "simulated", "model": model.name, "layers": model.layers, "layout": layout.label(),
         "policy": policy.label(), "profile": profile.name, "seq_tokens": seq, "batch": batch, "gpus": layout.gpus,
