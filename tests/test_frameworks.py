@@ -69,7 +69,11 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             "ring_dkv_fp32": (True, False, "time"),
             # memo-exec keeps the embedding's, the untied head's and the final norm's gradients whole together under
             # ZeRO 2 / 3, where buckets hold one vocabulary matrix at a time (an untied model)
-            "head_grads_unit": (True, False, "model states")}
+            "head_grads_unit": (True, False, "model states"),
+            # DeepSpeed gathers ZeRO-1/2's updated weights at the end of its step, wholly exposed (a ZeRO-1 layout)
+            "param_gather": ("after_step", "overlap", "time"),
+            # torchtitan runs ZeRO 0 as FSDP2 over a shard group of one: no bf16 copy beside the fp32 parameter
+            "replicate_fsdp": (False, True, "model states")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
@@ -82,7 +86,7 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
     prof = load_profile("h100-sxm5-80gb" if mechanism == "block_attention" else "a100-sxm4-80gb")
     base = {"ring_merge": Layout(tp=4, cp=2), "ulysses_kv": Layout(ulysses=4, dp=2, zero=3),
             "ulysses_bwd_resend": Layout(ulysses=4, dp=2, zero=3), "ring_dkv_fp32": Layout(tp=4, cp=2),
-            "block_attention": Layout(tp=4, cp=2, attention="cudnn")}.get(
+            "block_attention": Layout(tp=4, cp=2, attention="cudnn"), "param_gather": Layout(tp=2, dp=4, zero=1)}.get(
         mechanism, Layout(tp=2, sp=mechanism == "sp_regather_overlap", dp=4))
     worse, better = (replace(base, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
     if what == "time":
@@ -97,7 +101,8 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
     elif what == "model states":  # ZeRO 2's whole gradients beside the shards
         from memo_sim.cost.memory import model_state_bytes
 
-        worse, better = (replace(Layout(dp=8, zero=2), **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
+        states = Layout(dp=8, zero=0 if mechanism == "replicate_fsdp" else 2)  # ZeRO 0's replicas: replicate_fsdp
+        worse, better = (replace(states, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
         assert model_state_bytes(model, worse) > model_state_bytes(model, better)
     elif what == "allocator retries":  # an unplanned policy's iteration under the caching allocator
         from memo_sim.memplan.iteration_replay import replay_iteration

@@ -199,14 +199,15 @@ def test_fp8_plan_round_trip_export_and_executor_refusal(tmp_path):
 
 def test_transformer_engine_keeps_the_quantised_inputs_for_backward():
     """Megatron-LM (TransformerEngine) keeps the FP8 copies of the GEMM inputs only the weight gradient
-    reads (the norms' outputs, the FFN activation) and does not re-cast them in backward; torchao's
-    Float8Linear (torchtitan@2024-12's tensorwise recipe) keeps the high-precision ones."""
+    reads (the norms' outputs, the FFN activation) and does not re-cast them in backward; memo's executor keeps the
+    high-precision ones, as torchao's later Float8Linear does (torchtitan@2024-12's torchao, eab345c, saved the FP8
+    copies too: tests/test_review_fixes_fsdp_dec1b.py)."""
     from memo_sim.cost.activations import skeletal_bytes
     from memo_sim.model.layer_graph import layer_tensors
     from memo_sim.search.frameworks import get_framework
 
     m8 = fmt(LLAMA, "fp8-tensorwise")
-    te, ao = get_framework("megatron").for_model(m8), get_framework("torchtitan@2024-12").for_model(m8)
+    te, ao = get_framework("megatron").for_model(m8), get_framework("any").for_model(m8)
     assert te.fp8_saved_inputs and not ao.fp8_saved_inputs
     assert {n: t.dtype_bytes for n, t in layer_tensors(te).items() if n in ("ln1", "ln2", "act", "attn", "fc1")} == \
         {"ln1": 1, "ln2": 1, "act": 1, "attn": 2, "fc1": 2}
@@ -341,8 +342,11 @@ def test_the_executors_fp8_refusals_name_a_plan_it_runs():
                                     "torchtitan@2024-12, to run it"), why
     per_use = dataclasses.replace(fmt(LLAMA, "fp8-tensorwise"), fp8_weights_per_use=True)
     assert "fp8_weights_per_use" in gemm_why_not(per_use, lay, "single_stage")
-    for fw in ("any", "torchtitan@2024-12"):
-        assert gemm_why_not(get_framework(fw).for_model(fmt(LLAMA, "fp8-tensorwise")), lay, "single_stage") is None
+    assert gemm_why_not(get_framework("any").for_model(fmt(LLAMA, "fp8-tensorwise")), lay, "single_stage") is None
+    # torchtitan@2024-12's torchao (eab345c) keeps the FP8 copies of the GEMM inputs, which the executor does not
+    why = gemm_why_not(get_framework("torchtitan@2024-12").for_model(fmt(LLAMA, "fp8-tensorwise")), lay,
+                       "single_stage")
+    assert why and "fp8_saved_inputs" in why
 
 
 def test_a_routed_experts_grouped_gemm_pays_its_casts_once_over_its_tokens():

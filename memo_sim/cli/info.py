@@ -139,7 +139,9 @@ def _dp_words(f) -> str:
     """Its data-parallel settings in words: ZeRO stages, or, where it runs FSDP2 alone (torchtitan), ZeRO 0 as the
     DDP it is and ZeRO 3 as FSDP2 (a review: "ZeRO 0, 3 (fsdp)")."""
     if f.dp_modes == ("fsdp",):
-        return ", ".join("DDP (ZeRO 0)" if z == 0 else f"FSDP2 (ZeRO {z})" for z in f.zero)
+        zero0 = ("ZeRO 0 on one replica (no DDP)" if not f.ddp else
+                 "ZeRO 0 as FSDP2 over a shard group of one" if f.mechanism("replicate_fsdp") else "DDP (ZeRO 0)")
+        return ", ".join(zero0 if z == 0 else f"FSDP2 (ZeRO {z})" for z in f.zero)
     return f"ZeRO {', '.join(map(str, f.zero))} ({', '.join(f.dp_modes)})"
 
 

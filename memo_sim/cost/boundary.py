@@ -151,8 +151,11 @@ def optimizer_seconds(model: ModelConfig, layout: Layout, params: GpuParams, lay
     if layout.optimizer_offload:
         step = offloaded_step_seconds(model, layout, params, profile)
     else:
-        step = memory_bound_time(optimizer_step_bytes(model.recipe, params.local, params.shards, layout.zero,
-                                                      layout.zero < 3 or layout.dp_flavour.shards_working_weights),
+        # a model-dtype working copy written beside the master, but where the fp32 parameter is the master (FSDP2's
+        # shards, and ZeRO 0 run as FSDP2 over a shard group of one: ``Layout.replicate_fsdp``)
+        working = (not (layout.zero == 0 and layout.replicate_fsdp)
+                   and (layout.zero < 3 or layout.dp_flavour.shards_working_weights))
+        step = memory_bound_time(optimizer_step_bytes(model.recipe, params.local, params.shards, layout.zero, working),
                                  profile)  # (optimizer offload: the host's step, `offloaded_step_seconds`)
     # the re-cast of the weights this GPU updates: all of them, or its 1/N shard under ZeRO-3 (each layer's
     # gathered copies are then cast again per gather, not priced)

@@ -14,7 +14,13 @@
   buffer and all-reduces it after the backward: megatron/model/distributed.py,
   ``allreduce_gradients``), wholly exposed;
 - ZeRO-1/2: each layer's updated weights all-gathered once per iteration, overlapping the
-  forward (Megatron's overlapped parameter gather): layer i's forward waits for its gather;
+  forward (Megatron's overlapped parameter gather): layer i's forward waits for its gather; where the framework
+  gathers them at the end of its optimizer step instead (``layout.param_gather`` ``after_step``: DeepSpeed's
+  ``DeepSpeedZeroOptimizer.step`` calls ``all_gather_dp_groups`` after the step, deepspeed/runtime/zero/
+  stage_1_and_2.py at edaa7221 line 2396, one ``all_gather_into_tensor`` over each parameter group's flat buffer,
+  waited for before step() returns) every weight the GPU holds is gathered in one collective, ``step_gather``, after
+  the optimizer step and before the next forward, with nothing else to hide it, and no unit gathers beside the
+  forward;
 - ZeRO-3: each layer's weights all-gathered before its forward and again before its backward.
 The multi-token-prediction modules' weights are gathered as a layer's (``mtp_gather``, once; the schedules
 place it before the head, whose op holds the modules' forward and backward).
@@ -28,7 +34,13 @@ copy the multi-token-prediction modules read there) once before the head, which 
 head op holds both), again for the head's backward where the flavour drops it after the forward
 (``DPFlavour.regathers_head``: DeepSpeed's ZeRO-3 releases a module's parameters after its forward; torchtitan does
 not reshard [norm, output] after the forward); on one stage under ZeRO-3 with resharding, a tied embedding (or one
-the multi-token-prediction modules read) is gathered again for the head. A large vocabulary makes them
+the multi-token-prediction modules read) is gathered again for the head. Under a flavour that keeps the head's unit
+(FSDP2 as torchtitan runs it) a tied embedding is one unit with the final norm and the classifier (torchtitan at
+b5bcd76c, torchtitan/distributed/fsdp.py apply_fsdp_to_decoder lines 238-250: ``fully_shard([tok_embeddings, norm,
+lm_head])`` 'to avoid duplicate all-gathers', resharded after the forward only under the 'always' policy, as the
+[norm, output] unit is): gathered once, before the embedding's forward, and kept to the embedding's backward
+(``embedding_kept``: no gather for the head nor again for the embedding's backward), its gradients, the norm's
+with them, reduced as one bucket after the embedding's backward. A large vocabulary makes them
 no small thing: Llama 3 8B's embedding and classifier hold 1.05B of its 8.0B parameters. On a
 pipeline the first stage reduces the embedding's gradient and the last the head's (the classifier, or
 a tied embedding's copy there, and the final norm), each its own V x h / TP; on one stage a tied
@@ -113,6 +125,10 @@ class GradSync:
     embedding_gather: float = 0.0  # ZeRO >= 1: the embedding's working weights all-gathered (first or single stage)
     head_gather: float = 0.0  # ZeRO >= 1: the head's (last or single stage), before the head (twice where the
     # flavour regathers it for the head's backward: module docs)
+    # ZeRO-1/2 gathering at the end of the optimizer step (``layout.param_gather`` after_step): every weight of the
+    # GPU in one blocking collective after the step, before the next forward; the unit gathers above are 0 then
+    step_gather: float = 0.0
+    embedding_kept: bool = False  # the embedding's unit kept from its forward to its backward (FSDP2's tied unit)
 
     @property
     def active(self) -> bool:
@@ -195,11 +211,15 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     # the embedding's and the head's units (module docs; the embedding copy the modules read on the last stage: the
     # head's)
     copy = emb_p if model.mtp_layers and layout.pp > 1 and not model.tied_embeddings else 0.0
+    # one stage, a tied embedding under a flavour that keeps the head's unit: one unit with the norm and the head
+    tied_unit = (model.tied_embeddings and layout.pp == 1 and layout.zero >= 3
+                 and not flavour.regathers_head(layout))
     # one stage, resharded after the embedding's forward: the head (or the modules) gathers the embedding again
-    again = emb_p if (layout.pp == 1 and layout.zero >= 3 and flavour.gathers_in_backward(layout)
+    again = emb_p if (layout.pp == 1 and layout.zero >= 3 and flavour.gathers_in_backward(layout) and not tied_unit
                       and (model.tied_embeddings or model.mtp_layers)) else 0.0
-    emb_g, head_g = ((_gather(w * emb_p, g, gather_link), _gather(w * (head_p + copy + again), g, gather_link))
-                     if layout.zero >= 1 and g > 1 else (0.0, 0.0))
+    emb_unit, head_unit = (emb_p + head_p, 0.0) if tied_unit else (emb_p, head_p + copy + again)
+    emb_g, head_g = ((_gather(w * emb_unit, g, gather_link), _gather(w * head_unit, g, gather_link) if head_unit
+                      else 0.0) if layout.zero >= 1 and g > 1 else (0.0, 0.0))
     if layout.zero >= 3 and flavour.regathers_head(layout):
         head_g *= 2  # dropped after the head's forward and gathered again for its backward (the head op holds both)
     mtp_r = mtp_g = 0.0
@@ -212,7 +232,16 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
             mtp_r += _reduce(layout, gr * mtp.expert_local, ge, elink)
             if layout.zero >= 1:
                 mtp_g += _gather(w * mtp.expert_local, ge, elink)
-    return GradSync(coll.link_kind(profile, link), layer_r, reduce(gr * emb_p),
+    step_g = 0.0
+    if layout.zero in (1, 2) and layout.param_gather == "after_step":  # one collective after the step (module docs)
+        step_g = _gather(w * all_p, g, gather_link) if g > 1 else 0.0
+        if ge > 1:
+            step_g += _gather(w * every.expert_local, ge, elink)
+        gather = emb_g = head_g = mtp_g = 0.0
+    # the tied unit's gradients, the norm's with the embedding's, go out after the embedding's backward
+    emb_r, head_r = (reduce(gr * emb_unit), 0.0) if tied_unit else (reduce(gr * emb_p), reduce(gr * head_p))
+    return GradSync(coll.link_kind(profile, link), layer_r, emb_r,
                     all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap,
                     mtp_r, shared_embedding=shared, shared_embedding_link=shared_link, mtp_gather=mtp_g,
-                    head_grad=reduce(gr * head_p), embedding_gather=emb_g, head_gather=head_g)
+                    head_grad=head_r, embedding_gather=emb_g, head_gather=head_g, step_gather=step_g,
+                    embedding_kept=tied_unit and emb_g > 0)

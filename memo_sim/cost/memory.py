@@ -52,10 +52,17 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
     layer = sharded_layer_params(model, layout, experts_only)
     z = layout.zero
     flavour = layout.dp_flavour
-    gathered = flavour.gathered_layers(layout, model.layers)
-    # ZeRO 3 under a flavour whose fp32 master shard is the parameter (FSDP2): no sharded working copy beside it;
-    # with the optimizer on the host the master lives there and the device keeps the working shard it copies up
-    working = z < 3 or r.master_bytes == 0 or flavour.shards_working_weights or layout.optimizer_offload
+    # ZeRO 0 run as FSDP2 over a shard group of one (``Layout.replicate_fsdp``, torchtitan; on one stage: beside
+    # pipeline stages `memo_sim.cost.sppo.stage_model_state_bytes` counts the kept bf16 layers as the weights): FSDP's
+    # states, its bf16 copies of two layers made as a resharding shard group's gathers are
+    as_fsdp = z == 0 and layout.replicate_fsdp and layout.pp == 1
+    fsdp_like = z >= 3 or as_fsdp
+    gathered = 2.0 if as_fsdp else flavour.gathered_layers(layout, model.layers)
+    reshards = as_fsdp or flavour.gathers_in_backward(layout)
+    # ZeRO 3 under a flavour whose fp32 master shard is the parameter (FSDP2), or ZeRO 0 run as FSDP2: no working
+    # copy beside it; with the optimizer on the host the master lives there and the device keeps the working shard
+    working = (r.master_bytes == 0 or layout.optimizer_offload
+               or (not as_fsdp and (z < 3 or flavour.shards_working_weights)))
     vocab_share = model.vocab * model.hidden / layout.tp  # the embedding's (or the head's) weights on this GPU
     return {"weights": r.weight_bytes * (sh if z >= 3 else p) if working else 0.0,
             "grads": r.grad_bytes * (sh if z >= 2 else p),
@@ -64,15 +71,15 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             else (r.master_bytes + r.optimizer_bytes) * (sh if z >= 1 else p),
             # ZeRO-3 / FSDP: the layers whose whole weights a GPU holds at its peak (`memo_sim.dp`: two, or every
             # layer when FSDP keeps them from forward to backward)
-            "gathered_layers": gathered * r.weight_bytes * layer if z >= 3 else 0.0,
+            "gathered_layers": gathered * r.weight_bytes * layer if fsdp_like else 0.0,
             # ZeRO-3 / FSDP: the output head gathered whole for the classifier's forward and backward (its vocab share
             # under TP; the tied embedding where it is the head), as the layers' gathers are counted (a review:
             # torchtitan's [norm, output] unit kept gathered through the loss)
-            "gathered_head": r.weight_bytes * vocab_share if z >= 3 and not experts_only else 0.0,
+            "gathered_head": r.weight_bytes * vocab_share if fsdp_like and not experts_only else 0.0,
             # ZeRO-3 / FSDP keeping gathered weights from forward to backward (FSDP2 without resharding): the
             # embedding's unit too, where it is not the head (`memo_sim.cost.grad_sync`)
             "gathered_embedding": r.weight_bytes * vocab_share
-            if z >= 3 and not experts_only and not model.tied_embeddings and not flavour.gathers_in_backward(layout)
+            if fsdp_like and not experts_only and not model.tied_embeddings and not reshards
             else 0.0,
             # ZeRO 2 / 3: gradients sharded, but each one is produced whole by the backward and reduce-scattered into
             # its shard afterwards: one layer's whole gradients (memo's executor: the layers' shared workspace;
@@ -82,9 +89,9 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # unit of the embedding, the untied head and the final norm, whole together to the step
             "unsharded_grads": r.grad_bytes * (layer + (0.0 if experts_only else unsharded_head_params(model, layout)
                                                         if layout.head_grads_unit else vocab_share))
-            if z >= 2 else 0.0,
+            if z >= 2 or as_fsdp else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
-            "quantised_weights": weight_cache_bytes(model, gathered if z >= 3 else model.layers + model.mtp_layers,
+            "quantised_weights": weight_cache_bytes(model, gathered if fsdp_like else model.layers + model.mtp_layers,
                                                     layout, experts_only)}
 
 

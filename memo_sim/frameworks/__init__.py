@@ -50,10 +50,19 @@ policies, and how it runs what the simulator models as a switch
 - ``ring_dkv_fp32`` (optional, default false): the framework's ring CP accumulates the travelling dK/dV in fp32
   and sends them so (memo's executor, `memo_exec.device.acc_dtype`), where TransformerEngine's p2p CP sends them in
   the model's dtype (`memo_sim.cost.ring_attention.ring_shift_bytes`; PyTorch's CP says its own through
-  ``ring_merge`` torch_cp).
+  ``ring_merge`` torch_cp);
+- ``param_gather`` (optional, default ``overlap``): how ZeRO-1/2 all-gathers the updated weights, ``overlap`` (each
+  layer's gather beside the next forward: Megatron-LM's --overlap-param-gather) or ``after_step`` (one blocking
+  collective at the end of the optimizer step: DeepSpeed's ``DeepSpeedZeroOptimizer.step``;
+  `memo_sim.layout.parallel`, `memo_sim.cost.grad_sync`);
+- ``replicate_fsdp`` (optional, default false): ZeRO 0 over replicas runs as FSDP2 over a shard group of one,
+  keeping FSDP's mixed-precision states (torchtitan, which always applies FSDP: `memo_sim.layout.parallel`).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
+``layouts.ddp`` (default true) says whether it runs ZeRO 0 over more than one data-parallel rank (replicated
+weights); false where the version has no such run memo prices (torchtitan@2024-12: its DDP ran without mixed
+precision, on a one-dimensional mesh only).
 
 A file's ``layouts.experts`` section says how the framework trains mixture-of-experts models:
 whether it offers expert parallelism (``expert_parallel``) and expert tensor parallelism
@@ -108,7 +117,7 @@ from memo_sim.dp import DP_MODES
 from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.moe_balance import KINDS as BALANCE_KINDS
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
-from memo_sim.layout.parallel import BLOCK_KERNELS, HOST_POOLS, Layout
+from memo_sim.layout.parallel import BLOCK_KERNELS, HOST_POOLS, PARAM_GATHERS, Layout
 from memo_sim.layout.rank_order import DEFAULT_RANK_ORDER, RANK_ORDER_NAMES
 from memo_sim.layout.kv_heads import ULYSSES_KV_RULES
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
@@ -129,7 +138,8 @@ MECHANISMS = {"attention": "attention", "block_attention": "block_attention", "g
               "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion",
               "sp_regather_overlap": "sp_regather_overlap", "ring_merge": "ring_merge",
               "ulysses_kv": "ulysses_kv", "ulysses_bwd_resend": "ulysses_bwd_resend",
-              "ring_dkv_fp32": "ring_dkv_fp32", "head_grads_unit": "head_grads_unit"}
+              "ring_dkv_fp32": "ring_dkv_fp32", "head_grads_unit": "head_grads_unit", "param_gather": "param_gather",
+              "replicate_fsdp": "replicate_fsdp"}
 
 
 class _ExpertsIn(BaseModel):
@@ -184,6 +194,7 @@ class _LayoutsIn(BaseModel):
     embedding_loss_slots: bool | None = Field(None, strict=True)
     experts: _ExpertsIn | None = None  # mixture-of-experts training (None: not offered)
     dp_modes: tuple[Literal[DP_MODES], ...] = ("zero",)  # data-parallel flavours (`memo_sim.dp`)
+    ddp: bool = Field(True, strict=True)  # ZeRO 0 over more than one data-parallel rank (module docs)
     # its FSDP mesh holds the context-parallel ranks (torchtitan's dp_shard x cp): with cp > 1 the weights are
     # sharded over a group of a multiple of cp ranks, never replicated (ZeRO 0) or sharded over fewer
     shards_over_cp: bool = Field(False, strict=True)
@@ -212,6 +223,8 @@ class _MechanismsIn(BaseModel):
     ulysses_bwd_resend: bool = Field(False, strict=True)  # Ulysses' backward re-sends q, k, v, out, dout
     ring_dkv_fp32: bool = Field(False, strict=True)  # ring CP's dK/dV travel in fp32
     head_grads_unit: bool = Field(False, strict=True)  # ZeRO 2 / 3: embedding, head, norm gradients whole together
+    param_gather: Literal[PARAM_GATHERS] = "overlap"  # ZeRO-1/2's updated-weight all-gather (`layout.parallel`)
+    replicate_fsdp: bool = Field(False, strict=True)  # ZeRO 0 as FSDP2 over a shard group of one
 
     @model_validator(mode="after")
     def _conf(self):
@@ -283,6 +296,7 @@ class Framework:
     embedding_loss_slots: bool = False  # the embedding and the loss each take a layer's slot in its split
     experts: ExpertsOffer | None = None  # mixture of experts (None: MoE models not offered)
     dp_modes: tuple[str, ...] = ("zero",)  # its data-parallel flavours (`memo_sim.dp`; zero: ZeRO stages)
+    ddp: bool = True  # it runs ZeRO 0 over more than one data-parallel rank (`_LayoutsIn.ddp`)
     chunked_attention: bool = False  # it runs chunked attention (Llama 4); else a model's chunked layers run full
     qk_norm_outputs_kept: bool = True  # a QK-norm model's normalised queries and keys kept (`ModelConfig.qk_norm_kept`)
     shards_over_cp: bool = False  # its FSDP shards over the CP ranks too (`_LayoutsIn.shards_over_cp`)
@@ -368,6 +382,8 @@ class Framework:
             what = f"weights replicated over the {lay.cp} context-parallel ranks: its FSDP shards over them"
         elif self.shards_over_cp and lay.cp > 1 and lay.fsdp_shard % lay.cp:
             what = f"an FSDP shard group of {lay.fsdp_shard}, not a multiple of the {lay.cp} context-parallel ranks"
+        elif lay.zero == 0 and lay.state_shards > 1 and not self.ddp:
+            what = f"ZeRO 0 over {lay.state_shards} data-parallel replicas (DDP); use ZeRO 3"
         elif lay.tp_mode not in self.tp_modes:
             what = f"tp_mode {lay.tp_mode}"
         elif lay.optimizer_offload and not self.offloads_optimizer(lay.zero, lay.dp * lay.cp * lay.ulysses):
@@ -443,7 +459,14 @@ class Framework:
         its attention kernels as the profile prices them (cuDNN's where the profile has its own curves, else
         FlashAttention-2, which TransformerEngine too runs there), so that a layout's label names the kernel
         priced."""
-        out = replace(lay, **{MECHANISMS[k]: v for k, v in self.mechanisms})
+        mech = {MECHANISMS[k]: v for k, v in self.mechanisms}
+        # the data-parallel mechanisms set only where they act (ZeRO-1/2's weight gather, ZeRO 0's replicas), so a
+        # plan's file names them only there (`Layout.to_dict` leaves their defaults out)
+        if lay.zero not in (1, 2):
+            mech["param_gather"] = "overlap"
+        if lay.zero != 0:
+            mech["replicate_fsdp"] = False
+        out = replace(lay, **mech)
         if profile is None:
             return out
         priced = profile.efficiency.priced_attention_kernel
@@ -460,7 +483,8 @@ def mechanism_changes(mine: Layout, theirs: Layout, profile) -> list[str]:
     eff = profile.efficiency
     moot = {"ulysses_kv": theirs.ulysses == 1, "ring_merge": theirs.cp == 1,
             "ulysses_bwd_resend": theirs.ulysses == 1, "ring_dkv_fp32": theirs.cp == 1,
-            "head_grads_unit": theirs.zero < 2,
+            "head_grads_unit": theirs.zero < 2, "param_gather": theirs.zero not in (1, 2) or theirs.state_shards < 2,
+            "replicate_fsdp": theirs.zero > 0,
             "sp_regather_overlap": not (theirs.tp > 1 and theirs.sp),
             "attention": theirs.runs_blocks() or eff.priced_attention_kernel(mine.attention)
             == eff.priced_attention_kernel(theirs.attention),
@@ -497,7 +521,8 @@ def _read(path: Path) -> Framework:
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      fp8_weights_per_use=f.precision.fp8_weights_per_use,
-                     dp_modes=lay.dp_modes, chunked_attention=f.chunked_attention, shards_over_cp=lay.shards_over_cp,
+                     dp_modes=lay.dp_modes, ddp=lay.ddp, chunked_attention=f.chunked_attention,
+                     shards_over_cp=lay.shards_over_cp,
                      qk_norm_outputs_kept=f.qk_norm_outputs_kept,
                      multi_token_prediction=lay.multi_token_prediction, rank_orders=lay.rank_orders,
                      mapping_equal_groups=lay.mapping_equal_groups,

@@ -108,6 +108,17 @@ gradients of the embedding, an untied head and the final norm are held whole tog
 executor: its first gradient unit; True, set by the ``any`` framework's data), where a framework's per-parameter
 buckets reduce-scatter the head's before the embedding's is made (one vocabulary matrix whole at a time: False,
 left out of `Layout.to_dict`; `memo_sim.cost.memory.model_state_parts`).
+``param_gather``: how ZeRO-1/2 all-gathers the updated weights (`memo_sim.cost.grad_sync`): ``overlap`` (default, left
+out of `Layout.to_dict`), each layer's gather beside the next iteration's forward, layer i's forward waiting for its
+own (Megatron-LM's --overlap-param-gather); ``after_step``, every weight gathered in one blocking collective at the
+end of the optimizer step, before the next forward starts (DeepSpeed's ZeRO-1/2: deepspeed/runtime/zero/
+stage_1_and_2.py ``DeepSpeedZeroOptimizer.step`` calls ``all_gather_dp_groups`` after the optimizer step and before
+it returns, at edaa7221 lines 2393-2401). ``replicate_fsdp``: ZeRO 0 over the replicas runs as FSDP2 over a shard
+group of one (torchtitan at b5bcd76c, models/llama3/parallelize.py: "Always run apply_fsdp_to_decoder -- with
+shard_degree=1 it is a no-op for the all-gather but still installs the MixedPrecisionPolicy"): the fp32 parameter is
+the master, no bf16 copy of it is kept beside it (each unit's bf16 copy is made before its use, as FSDP's gathered
+weights are) and the gradients are fp32 (``reduce_dtype``): 16 bytes a parameter where Megatron-LM's DDP keeps 18
+(`memo_sim.cost.memory.model_state_parts`); left out of `Layout.to_dict` when False.
 """
 
 from __future__ import annotations
@@ -143,6 +154,8 @@ from memo_sim.tp import FLAVOURS, TP_MODES, TPFlavour, tp_flavour
 # how offloaded activations sit in pinned host memory (`memo_sim.policy.host_layout`): memo's executor's
 # one registered pool per GPU, or PyTorch's caching host allocator (one rounded allocation per tensor)
 HOST_POOLS = ("registered_pool", "caching_host_allocator")
+# `Layout.param_gather`: ZeRO-1/2's all-gather of the updated weights beside the next forward, or after the step
+PARAM_GATHERS = ("overlap", "after_step")
 
 
 @dataclass(frozen=True)
@@ -174,6 +187,8 @@ class Layout:
     ulysses_bwd_resend: bool = False  # Ulysses' backward sends q, k, v, out and dout again (module docs)
     ring_dkv_fp32: bool = False  # ring CP's dK/dV accumulators travel in fp32 (module docs)
     head_grads_unit: bool = False  # ZeRO 2 / 3: embedding, head and final norm gradients whole together (module docs)
+    param_gather: str = "overlap"  # ZeRO-1/2's updated-weight all-gather: overlap | after_step (module docs)
+    replicate_fsdp: bool = False  # ZeRO 0 runs as FSDP2 over a shard group of one (torchtitan; module docs)
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
@@ -414,6 +429,10 @@ class Layout:
             del d["ring_dkv_fp32"]
         if not self.head_grads_unit:  # and plans whose head gradients go out bucket by bucket theirs
             del d["head_grads_unit"]
+        if self.param_gather == "overlap":  # and plans whose ZeRO-1/2 gathers overlap the forward theirs
+            del d["param_gather"]
+        if not self.replicate_fsdp:  # and plans whose ZeRO 0 is DDP's theirs
+            del d["replicate_fsdp"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
@@ -465,6 +484,8 @@ class _LayoutIn(BaseModel):
     ulysses_bwd_resend: bool = Field(False, strict=True)
     ring_dkv_fp32: bool = Field(False, strict=True)
     head_grads_unit: bool = Field(False, strict=True)
+    param_gather: Literal[PARAM_GATHERS] = "overlap"
+    replicate_fsdp: bool = Field(False, strict=True)
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
@@ -676,6 +697,10 @@ def dp_why_not(layout: Layout, model: ModelConfig) -> str | None:
         return f"dp_mode must be one of {', '.join(DP_MODES)}, got {layout.dp_mode!r}"
     if layout.dp_mode == "zero" and (layout.fsdp_shard or not layout.reshard_after_forward):
         return "fsdp_shard and reshard_after_forward belong to dp_mode fsdp"
+    if layout.param_gather == "after_step" and layout.zero in (1, 2) and layout.pp > 1:
+        # the single-stage schedule issues `GradSync.step_gather` (DeepSpeed and XTuner, its users, run one stage)
+        return ("param_gather after_step (ZeRO-1/2's weights gathered after the optimizer step) is priced on one "
+                "stage only (pp 1); set param_gather overlap or pp 1")
     return layout.dp_flavour.check(layout, model)
 
 
@@ -943,9 +968,11 @@ def _dp_variants(lay: Layout, dp_modes: tuple[str, ...], gpus_per_node: int) -> 
         node = gpus_per_node // lay.tp if gpus_per_node % lay.tp == 0 else 0  # the group's ranks on one node
         spans = group_spans_nodes(n, lay.tp, gpus_per_node, lay.gpus)
         shards = [0] + ([node] if 2 <= node < n and n % node == 0 and spans else [])
-        # FSDP over the whole group with resharding is ZeRO-3 to the byte and the second: tried as ZeRO-3 where both run
+        # Every FSDP shape is offered beside ZeRO-3, plain FSDP (whole group, resharding) too: it is not ZeRO-3's
+        # twin, as FSDP2 keeps 16 B/param to ZeRO-3's 18 (no fp32 master beside the fp32 parameter,
+        # `memo_sim.dp.fsdp`) and gathers the head once (`cost.grad_sync`), so the ranking picks between them
         out += [replace(lay, dp_mode="fsdp", fsdp_shard=sh, reshard_after_forward=rs)
-                for sh in shards for rs in (True, False) if not (sh == 0 and rs and "zero" in dp_modes)]
+                for sh in shards for rs in (True, False)]
     return out
 
 

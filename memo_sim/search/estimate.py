@@ -154,9 +154,11 @@ def dp_stream_seconds(sync, n_layers: int, micro_batches: int, zero: int) -> flo
     head's and the multi-token-prediction modules' gathers (again before the backward under ZeRO-3; every
     micro-batch there) and every gradient's reduction (every micro-batch under ZeRO-2 and 3)."""
     twice = 2 if sync.gather_in_backward else 1
-    gathers = (n_layers * sync.layer_gather + sync.mtp_gather + sync.embedding_gather) * twice + sync.head_gather
+    gathers = ((n_layers * sync.layer_gather + sync.mtp_gather) * twice + sync.head_gather
+               + sync.embedding_gather * (1 if sync.embedding_kept else twice))
     grads = sync.all_grads if sync.active else 0.0
-    return gathers * (micro_batches if zero >= 3 else 1) + grads * (micro_batches if zero >= 2 else 1)
+    return (gathers * (micro_batches if zero >= 3 else 1) + grads * (micro_batches if zero >= 2 else 1)
+            + sync.step_gather)
 
 
 def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
@@ -193,8 +195,9 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     # the embedding's unit before the step's first op (nothing to hide it; again beside the first layer's backward
     # under ZeRO-3), the head's beside the last layer's forward (`memo_sim.cost.grad_sync`)
     gathers += sync.embedding_gather + max(0.0, sync.head_gather - lt.forward)
-    if sync.gather_in_backward:
+    if sync.gather_in_backward and not sync.embedding_kept:
         gathers += max(0.0, sync.embedding_gather - lt.backward)
+    gathers += sync.step_gather  # ZeRO-1/2 gathering after the step: nothing beside it (`memo_sim.cost.grad_sync`)
     if m == 1:
         total = bt.embedding + fwd + bt.classifier + bwd + sync_exposed + gathers + bt.optimizer
     else:

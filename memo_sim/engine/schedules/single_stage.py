@@ -324,8 +324,10 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
         tail, last_dp = _micro_batch(g, sched, d, n, mb, micro_batches, tail, last_dp, layout=layout, policy=policy,
                                      lp=lp, bt=bt, sync=sync, mem=mem, sk=sk, chain=chain, dp_op=dp_op,
                                      reorganize=reorganize, gpu=gpu)
-    g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
-          work=bt.optimizer, deps=tail + ([last_dp] if last_dp else []))
+    opt = g.add("optimizer", device=d, stream="compute", kind="compute", phase="optimizer", layer=None,
+                work=bt.optimizer, deps=tail + ([last_dp] if last_dp else []))
+    if sync.step_gather > 0:  # ZeRO-1/2 gathering every updated weight at the end of the step (`cost.grad_sync`)
+        dp_op("allgather_params", None, sync.step_gather, [opt], "weight_gather")
     if stall:  # a phase name this schedule does not have: charge it before the optimizer step
         g.add("allocator_reorganization", device=d, stream="compute", kind="compute", phase="allocator",
               layer=None, work=sum(stall.values()), deps=[])
@@ -390,7 +392,8 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
         for i in (n - 1, n - 2):
             if i >= 0:
                 gather_b[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail[n - 1], "weight_gather_bwd")
-            elif i == -1 and sync.embedding_gather > 0:  # the embedding's unit, two units ahead (a one-layer model)
+            elif i == -1 and sync.embedding_gather > 0 and not sync.embedding_kept:  # the embedding's unit, two
+                # units ahead (a one-layer model), unless kept from its forward (`cost.grad_sync`)
                 gather_b[-1] = dp_op("allgather_embedding", None, sync.embedding_gather, fwd_tail[n - 1],
                                      "weight_gather_bwd")
     if reduce_now and sync.overlapped and sync.head_grad + sync.mtp_grad > 0:  # the head's bucket, complete now
@@ -417,7 +420,8 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
         bwd_end[i] = tail
         if sync.gather_in_backward and i - 2 >= 0:
             gather_b[i - 2] = dp_op("allgather_weights", i - 2, sync.layer_gather, tail, "weight_gather_bwd")
-        if sync.gather_in_backward and sync.embedding_gather > 0 and i == 1:  # two units ahead, as a layer's
+        if sync.gather_in_backward and sync.embedding_gather > 0 and not sync.embedding_kept and i == 1:  # two
+            # units ahead, as a layer's, unless kept from its forward (`memo_sim.cost.grad_sync`)
             gather_b[-1] = dp_op("allgather_embedding", None, sync.embedding_gather, tail, "weight_gather_bwd")
         if reduce_now and sync.overlapped:
             last_dp = dp_op("reducescatter_grads" if layout.zero >= 1 else "allreduce_grads", i, sync.layer_grad,
