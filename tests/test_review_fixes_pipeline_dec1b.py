@@ -9,7 +9,7 @@ from memo_sim.cli import cli
 from memo_sim.engine.schedules import interleaved, one_f_one_b
 from memo_sim.engine.schedules.microbatch import build_microbatch_pipeline, pipeline_costs
 from memo_sim.engine.simulate import simulate
-from memo_sim.layout.parallel import Layout
+from memo_sim.layout.parallel import Layout, virtual_split_why_not
 from memo_sim.model.config import get_model, with_overrides
 from memo_sim.policy import get_policy
 from memo_sim.profile.loader import load_profile
@@ -168,3 +168,10 @@ def test_layers_that_the_plans_pipeline_cannot_split_are_refused_before_any_rank
     with pytest.raises(ExecError, match=r"^--layers 3: plan layout tp1-pp2 cannot split .*; give --layers 2 or 4$"):
         run_model(plan, RunOptions(layers=3))
     assert run_model(plan, RunOptions(layers=2)).layers == 2
+
+
+def test_the_uneven_split_error_lists_no_middle_stage_at_pp_2():
+    """Bug 6 (memo_sim/layout/parallel.py virtual_split_why_not): pp 2 has no stages between its two ends."""
+    why = virtual_split_why_not(8, 2, 2, first=3)
+    assert why == "the stages' layer counts (3 first, 5 last) must each divide over the 2 model chunks of a rank"
+    assert "5 between" in virtual_split_why_not(13, 3, 2, first=3)  # pp 3: 3 first, 5 between, 5 last

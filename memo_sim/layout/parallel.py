@@ -1123,7 +1123,9 @@ def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, 
         return why
     counts = [len(r) for r in stage_layers(n_layers, pp, first, last)]
     if any(c % vpp for c in counts):
-        return (f"the stages' layer counts ({counts[0]} first, {counts[-1]} last, {counts[len(counts) // 2]} between) "
+        # the stages between only where there are some (a review: pp 2 listed '5 between')
+        between = f", {counts[len(counts) // 2]} between" if len(counts) > 2 else ""
+        return (f"the stages' layer counts ({counts[0]} first, {counts[-1]} last{between}) "
                 f"must each divide over the {vpp} model chunks of a rank")
     return None
 
