@@ -122,7 +122,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
     from memo_exec.alloc_settings import set_env  # noqa: PLC0415
 
     set_env(plan.layout, device)  # before anything touches CUDA (the ranks --nproc launches inherit it)
-    check_plan_contract(plan, plan_file, not no_memory_plan, device, attention_backend)
+    check_plan_contract(plan, plan_file, not no_memory_plan, device, attention_backend, profile)
     if in_torchrun():
         from memo_exec.distributed.launch import CommFailure, run_rank  # noqa: PLC0415
 

@@ -32,6 +32,7 @@ from memo_sim.cost.sppo import multiplex_phases, partition_bounds
 from memo_sim.cost.collectives import fit_params as collective_fit_params
 from memo_sim.cost.attention_measured import pricing_words as attention_pricing_words
 from memo_sim.cost.loss_kernels import loss_kernel
+from memo_sim.cost.gemm_format import MIN_CAPABILITY as GEMM_MIN_CAPABILITY
 from memo_sim.timeline import Timeline, TimelineEvent
 
 __all__ = [
@@ -45,7 +46,7 @@ __all__ = [
     "SCHEDULE_NAMES", "check_schedule", "default_schedule", "estimate_pipeline", "pipeline_memory",
     "registered_schedules", "collective_fit_params", "attention_pricing_words", "loss_kernel",
     "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",
-    "sppo_memory",
+    "sppo_memory", "GEMM_MIN_CAPABILITY",
 ]
 
 

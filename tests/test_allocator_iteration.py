@@ -345,11 +345,13 @@ def test_a_memory_plan_places_the_transients_in_one_static_arena(policy, layout)
 
 def test_a_1m_token_memo_plan_replays_without_retries():
     """GPT-7B at 1M tokens on 8 A800s, the what-if's MEMO answer (tp1-cp8-z3, alpha 0.356): with
-    its static plan the iteration repeats without a reorganisation, cudaMalloc or cudaFree and
-    reserves within 2 % of what it allocates, even with the collectives' buffers held 4 layers
-    (the ring's K/V buffers are in the arena); full recompute on the same layout under the caching
-    allocator fragments more and, with the buffers held, reorganises every iteration (the plan's
-    point)."""
+    its static plan the iteration repeats without a reorganisation, cudaMalloc or cudaFree, even
+    with the collectives' buffers held 4 layers (the ring's K/V buffers are in the arena); full
+    recompute on the same layout under the caching allocator reserves more and, with the buffers
+    held, reorganises every iteration (the plan's point). (Until the dec1b review the classifier's
+    chunk was its own request here, where memo-exec puts it in the arena; that request filled its
+    own segment at the allocation peak, and this test said "reserves within 2 % of what it
+    allocates" and "full recompute fragments more" from it: 3.8 % against 2.1 % without it.)"""
     m, lay, prof = get_model("gpt-7b"), Layout(cp=8, zero=3), load_profile("a800-80gb")
     memo, fr = get_policy("memo", 0.356), get_policy("full_recompute")
     for lag in (None, 4):
@@ -357,9 +359,8 @@ def test_a_1m_token_memo_plan_replays_without_retries():
         assert not r.oom and r.steady and r.static_memory_plan
         assert (r.reorganizations, r.cuda_mallocs, r.cuda_frees) == (0, 0, 0)
         assert r.peak_reserved_bytes <= prof.usable_gpu_memory
-        assert r.fragmentation_at_peak < 0.02
     base = replay_iteration(m, lay, 1, 1024 * K, fr, prof)
-    assert not base.oom and base.fragmentation_at_peak > r.fragmentation_at_peak
+    assert not base.oom and base.peak_reserved_bytes > r.peak_reserved_bytes
     assert replay_iteration(m, lay, 1, 1024 * K, fr, prof, stream_lag_phases=4).reorganizations > 0
 
 

@@ -59,8 +59,7 @@ def test_megatron_tensorwise_keeps_one_weight_copy_on_blackwell():
                                            # torchao eab345c keeps FP8 inputs (fp8_saved_inputs) but casts both
                                            # copies: for_profile must not read it as TransformerEngine (the
                                            # cost/gemm_format.py patch of the fsdp-dec1b fix's report)
-                                           pytest.param("torchtitan@2024-12", "fp8-tensorwise", marks=pytest.mark.xfail(
-                                               strict=True, reason="needs the cost/gemm_format.py patch")),
+                                           ("torchtitan@2024-12", "fp8-tensorwise"),
                                            ("any", "fp8-tensorwise"),
                                            ("megatron", "bf16")])
 def test_other_formats_and_libraries_keep_their_copies(framework, fmt):

@@ -138,7 +138,8 @@ def test_the_interleaved_micro_batch_count_refusal_names_the_split_it_counts():
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--pp", "4",
                                  "--vpp", "2", "--batch", "6", "--no-plan"])
     assert r.exit_code == 2
-    assert "micro-batch count (1: 6 sequences per replica in micro-batches of 6) to be a multiple of pp (4)" in r.output
+    # the reason at the smallest micro-batch (the pipeline review of 2026-12-01: one reason a layout, its first size)
+    assert "micro-batch count (6: 6 sequences per replica in micro-batches of 1) to be a multiple of pp (4)" in r.output
 
 
 def test_sweep_alpha_of_an_sppo_pipeline_plan_solves_alpha_on_the_schedule_it_runs(tmp_path):

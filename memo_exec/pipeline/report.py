@@ -61,8 +61,8 @@ def stage_timeline(measured: Timeline, plan) -> Timeline:
 
 def ideal_bubble(pp: int, vpp: int, m: int) -> float:
     """The equal-stage bubble as a share of the iteration: the simulator's one definition
-    (`memo_sim.engine.schedules.microbatch.ideal_bubble_fraction`, which `memo-sim simulate` prints)."""
-    from memo_sim.engine.schedules.microbatch import ideal_bubble_fraction  # noqa: PLC0415
+    (`memo_sim.layout.schedule.ideal_bubble_fraction`, which `memo-sim simulate` prints)."""
+    from memo_sim.layout.schedule import ideal_bubble_fraction  # noqa: PLC0415
 
     return ideal_bubble_fraction(pp, vpp, m)
 

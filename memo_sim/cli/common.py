@@ -195,9 +195,20 @@ def alloc_conf_option(f):
              "per_process_memory_fraction), over the framework's; priced for the plans without a memory plan.")(f)
 
 
+class _ProgressOption(click.Option):
+    """``--progress/--no-progress``, whose help names --json only on a command that has it: the default is on when
+    stderr is a terminal, and off under --json where the command has one (a review: ``memo-sim export -h`` said
+    "unless --json" of a command with no --json)."""
+
+    def get_help_record(self, ctx):
+        has_json = any("--json" in p.opts for p in ctx.command.params)
+        self.help = f"Show progress on stderr (default: on a terminal{', unless --json' if has_json else ''})."
+        return super().get_help_record(ctx)
+
+
 def progress_option(f):
-    return click.option("--progress/--no-progress", "progress", default=None,
-                        help="Show progress on stderr (default: on a terminal, unless --json).")(f)
+    return click.option("--progress/--no-progress", "progress", default=None, cls=_ProgressOption,
+                        help="Show progress on stderr (default: on a terminal).")(f)
 
 
 class MemoGroup(click.Group):
@@ -297,3 +308,17 @@ def moe_layout_options(f):
     )):
         f = deco(f)
     return f
+
+
+def refuse_plan_gemm_format(plan_file, plan, profile, profile_flag: bool = True) -> None:
+    """A plan file whose GEMM format its profile's GPU does not run (no peak for it, or too old a compute capability:
+    `memo_sim.cost.gemm_format.check_gemm_format`), refused in one line naming the plan's field and the fix, before
+    anything is priced: the plan's format, not a flag given here (a review: explain and check-plan of an FP8 plan on an
+    A100 said "add fp8 under gpu.peak_flops ... or --precision", flags those commands do not take). simulate, the
+    sweeps, explain and check-plan run it; ``profile_flag``: the command takes --profile (explain and check-plan read
+    the plan's own), which the fix then names."""
+    from memo_sim.search.plan_check import gemm_format_problem  # noqa: PLC0415
+
+    why = gemm_format_problem(plan, profile, profile_flag)  # the words the executor's contract refuses it with
+    if why:
+        raise MemoError(f"{plan_file}: {why}")

@@ -55,7 +55,7 @@ def _refuse_a_layout_the_whatif_refuses(plan_file, plan) -> None:
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.plan_check import refuse_layout_problem  # noqa: PLC0415
 
-    from memo_sim.cli.simulate import refuse_plan_gemm_format  # noqa: PLC0415
+    from memo_sim.cli.common import refuse_plan_gemm_format  # noqa: PLC0415
 
     profile = load_profile(plan.profile)
     refuse_plan_gemm_format(plan_file, plan, profile, profile_flag=False)  # as simulate, explain, check-plan

@@ -158,7 +158,7 @@ def check_plan(plan_file, out_format, as_json):
         plan_breakdown,
         simulate_plan,
     )
-    from memo_sim.cli.simulate import refuse_plan_gemm_format
+    from memo_sim.cli.common import refuse_plan_gemm_format
     from memo_sim.cost.gemm_format import plan_for_profile
     from memo_sim.errors import PlanError
     from memo_sim.report.explain import peak_moments

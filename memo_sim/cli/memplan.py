@@ -145,11 +145,18 @@ def _given_model_options() -> list[str]:
 
 def _plan_model(model, profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy, alpha, time_limit, solver, say):
     """MEMO's bi-level plan of one layer's forward and backward and the model-level buffers, with the
-    caching allocator's replay of one layer."""
+    caching allocator's replay of one layer. The model's GEMM format (``--precision``) is checked against the
+    profile's GPU as the what-if checks it (`memo_sim.cost.gemm_format.check_gemm_format`; a review: FP8 and NVFP4
+    were accepted on an A100) and enters the layer's requests: a quantised format's cast copies
+    (`memo_sim.memplan.trace_gen`, ``gemm_cast_buffers``) go through the caching allocator beside the arena (they
+    are `memo_sim.model.layer_graph.UNPLACED`), so they change the caching allocator's replay of the layer, not the
+    arena's placement; the answer names the format (``gemm_format``)."""
+    from memo_sim.cost.gemm_format import check_gemm_format
     from memo_sim.layout.parallel import Layout, check_layout
     from memo_sim.memplan.baseline import caching_allocator_layer_report
     from memo_sim.memplan.planner import plan_memory
 
+    check_gemm_format(model, profile)
     lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp, tp_mode=tp_mode)
     pol = asked_policy(policy, model, lay, alpha, MEMO_ALPHA)  # what the what-if and the simulator refuse, refused
     why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)
@@ -161,8 +168,8 @@ def _plan_model(model, profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy
     base = caching_allocator_layer_report(model, lay, batch, seq, pol, int(profile.usable_gpu_memory))
     cap = int(profile.usable_gpu_memory)
     result = {"model": model.name, "layout": lay.label(), "policy": pol.label(), "seq_tokens": seq,
-              **plan.summary(), "arena_bytes": plan.arena_bytes, "capacity_bytes": cap,
-              "fits_capacity": plan.arena_bytes <= cap, "profile": profile.name,
+              "gemm_format": model.gemm_format, **plan.summary(), "arena_bytes": plan.arena_bytes,
+              "capacity_bytes": cap, "fits_capacity": plan.arena_bytes <= cap, "profile": profile.name,
               "caching_allocator_layer": _allocator_summary(base)}
     return result, [(f"memplan-{name}.png", tr, sol.offsets, int(sol.peak_bytes))
                     for name, sol, tr in (("fwd", plan.fwd, plan.fwd_trace), ("bwd", plan.bwd, plan.bwd_trace),
@@ -170,6 +177,20 @@ def _plan_model(model, profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy
 
 
 def _allocator_summary(rep) -> dict:
+    """A caching-allocator replay (`memo_sim.memplan.caching_allocator.AllocatorReport`) in the words whatif and
+    explain use: ``fragmentation_at_peak`` is 1 - allocated / reserved when the allocated bytes peak, as
+    `memo_sim.memplan.replay_result.IterationReplay` measures it (a review: memplan printed 50.0% measured at the
+    reserved peak, `AllocatorReport.fragmentation_at_peak`, beside whatif's measure at the allocation peak; that
+    one stays as ``fragmentation_at_reserved_peak``). The replay's series are taken after each step's frees and
+    then mallocs, so within a step the allocated bytes peak at its end: the first step whose allocated bytes are
+    the peak is the moment, and its reserved bytes the ones at it."""
+    from memo_sim.memplan.caching_allocator import fragmentation  # noqa: PLC0415
+
+    alloc = rep.series_allocated_bytes
+    at = max(range(len(alloc)), key=alloc.__getitem__) if alloc else None  # the first step at the peak
+    reserved_at = rep.series_reserved_bytes[at] if at is not None else rep.peak_reserved_bytes
+    peak = alloc[at] if at is not None else rep.peak_allocated_bytes
     return {"peak_allocated_bytes": rep.peak_allocated_bytes, "peak_reserved_bytes": rep.peak_reserved_bytes,
-            "fragmentation_at_peak": rep.fragmentation_at_peak, "num_reorganizations": rep.num_reorganizations,
-            "num_cuda_malloc": rep.num_cuda_malloc, "oom": rep.oom}
+            "reserved_at_peak_allocated_bytes": reserved_at, "fragmentation_at_peak": fragmentation(peak, reserved_at),
+            "fragmentation_at_reserved_peak": rep.fragmentation_at_peak,
+            "num_reorganizations": rep.num_reorganizations, "num_cuda_malloc": rep.num_cuda_malloc, "oom": rep.oom}

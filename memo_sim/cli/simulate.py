@@ -27,7 +27,7 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import progress_bar, progress_option
+from memo_sim.cli.common import progress_bar, progress_option, refuse_plan_gemm_format
 from memo_sim.errors import MemoError
 from memo_sim.fileio import OutputFolder, atomic_write_json, output_folder
 from memo_sim.forked import beside
@@ -55,30 +55,6 @@ def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it
     plan_for_profile(plan, profile)  # another --profile: its FP8 library's copies on that GPU (as explain, check-plan)
     return plan, profile
-
-
-def refuse_plan_gemm_format(plan_file, plan, profile, profile_flag: bool = True) -> None:
-    """A plan file whose GEMM format its profile's GPU does not run (no peak for it, or too old a compute capability:
-    `memo_sim.cost.gemm_format.check_gemm_format`), refused in one line naming the plan's field and the fix, before
-    anything is priced: the plan's format, not a flag given here (a review: explain and check-plan of an FP8 plan on an
-    A100 said "add fp8 under gpu.peak_flops ... or --precision", flags those commands do not take). simulate, the
-    sweeps, explain and check-plan run it; ``profile_flag``: the command takes --profile (explain and check-plan read
-    the plan's own), which the fix then names."""
-    from memo_sim.cost.gemm_format import check_gemm_format  # noqa: PLC0415
-
-    try:
-        check_gemm_format(plan.model, profile)
-    except MemoError as e:
-        if "--precision" not in str(e):
-            raise
-        if "compute_capability" in str(e):  # the GPU's generation, not a missing peak (`MIN_CAPABILITY`)
-            raise MemoError(f"{plan_file}: model.gemm_format {plan.model.gemm_format}: {e}") from None
-        other = ("give --profile one that lists gpu.peak_flops." if profile_flag else
-                 "set the plan's \"profile\" to one that lists gpu.peak_flops.")
-        raise MemoError(f"{plan_file}: model.gemm_format {plan.model.gemm_format}: profile {profile.name} "
-                        f"({profile.gpu.model}) has no {plan.model.gemm.peak} peak; fix: {other}"
-                        f"{plan.model.gemm.peak}, or plan afresh for this GPU (memo-sim whatif "
-                        f"--profile {profile.name})") from None
 
 
 def _write_outputs(timeline, out: Path, layers_text: str | None, device: int = 0, also: tuple = ()) -> list[Path]:

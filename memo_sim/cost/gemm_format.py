@@ -38,10 +38,22 @@ def check_profile_gemm_formats(profile: HardwareProfile) -> None:
                             f"format; {meant}fix: name one of {', '.join(known)}")
 
 
+def format_given(model: ModelConfig) -> tuple[str, str]:
+    """Where the model's GEMM format was given, for a refusal: (the words naming it, the words of the fix that
+    changes it): a model file's ``gemm_format`` field (``ModelConfig.gemm_format_from``; a review: a file's format
+    was refused as "--precision", a flag not given), else the --precision flag."""
+    fmt = model.gemm_format
+    if model.gemm_format_from:
+        return (f"{model.gemm_format_from} {fmt}",
+                f"set {model.gemm_format_from.rsplit(': ', 1)[-1]} in the model file to a format the GPU runs (or "
+                f"give --precision bf16)")
+    return f"--precision {fmt}", f"drop --precision {fmt}"
+
+
 def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
     """A one-line `MemoError` when the profile's GPU has no peak for the model's GEMM format, when its stated compute
-    capability is below the format's (`_check_capability`), or when its profile names a GEMM format that does not
-    exist (`check_profile_gemm_formats`)."""
+    capability is outside the format's (`_check_capability`), or when its profile names a GEMM format that does not
+    exist (`check_profile_gemm_formats`). The line names where the format was given (`format_given`)."""
     check_profile_gemm_formats(profile)
     fmt = model.gemm
     if fmt.quantised and fmt.peak not in profile.gpu.peak_flops:
@@ -53,8 +65,9 @@ def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
         near = difflib.get_close_matches(fmt.peak, [k for k in profile.gpu.peak_flops if k not in known], n=1,
                                          cutoff=0.5)
         typo = f"; its gpu.peak_flops.{near[0]} is read as no format's: rename it {fmt.peak}" if near else ""
-        raise MemoError(f"--precision {fmt.name}: profile {profile.name} ({profile.gpu.model}) has no {fmt.peak} peak "
-                        f"(needs {fmt.needs}){typo}; fix: drop --precision {fmt.name} or use a profile that lists "
+        where, fix = format_given(model)
+        raise MemoError(f"{where}: profile {profile.name} ({profile.gpu.model}) has no {fmt.peak} peak "
+                        f"(needs {fmt.needs}){typo}; fix: {fix} or use a profile that lists "
                         f"gpu.peak_flops.{fmt.peak}")
     _check_capability(model, profile)
 
@@ -66,18 +79,35 @@ def check_gemm_format(model: ModelConfig, profile: HardwareProfile) -> None:
 # SM100 too (torchtitan/components/quantization/nvfp4.py line 291)
 MIN_CAPABILITY = {"fp8-tensorwise": (8, 9), "fp8-rowwise": (8, 9), "fp8-blockwise": (9, 0), "mxfp8": (10, 0),
                   "nvfp4": (10, 0)}
+# the first compute capability on which TransformerEngine refuses a format it runs below it, by its own check: the
+# same file's _compute_mxfp8_support returns "MXFP8 (for all gemm layouts) is not supported on 12.0+ architectures
+# yet." for capability >= 12.0 (consumer Blackwell, RTX 50 / RTX PRO, GB10), before its 10.0 test. Only
+# TransformerEngine says so (Megatron-LM's --fp8-recipe mxfp8 is its MXFP8BlockScaling): torchtitan's MX converter
+# (torchao; torchtitan/components/quantization/mx.py) checks has_cuda_capability(10, 0), a lower bound alone. A model
+# runs TransformerEngine's FP8 where its framework keeps the GEMM inputs' quantised copies (``fp8_saved_inputs``, as
+# `for_profile` reads it)
+TE_BELOW_CAPABILITY = {"mxfp8": (12, 0)}
 
 
 def _check_capability(model: ModelConfig, profile: HardwareProfile) -> None:
     """A one-line `MemoError` where the profile states a compute capability below the format's (`MIN_CAPABILITY`):
-    a Hopper profile with an mxfp8 or fp4 peak added does not run MXFP8 or NVFP4 GEMMs."""
-    cc, need = profile.gpu.compute_capability, MIN_CAPABILITY.get(model.gemm_format)
-    if cc is None or need is None or cc >= need:
-        return
+    a Hopper profile with an mxfp8 or fp4 peak added does not run MXFP8 or NVFP4 GEMMs; or, under TransformerEngine
+    (``fp8_saved_inputs``), at or above the capability its support check refuses the format on
+    (`TE_BELOW_CAPABILITY`)."""
     fmt = model.gemm_format
-    raise MemoError(f"--precision {fmt}: profile {profile.name} ({profile.gpu.model}) states gpu.compute_capability "
-                    f"{cc[0]}.{cc[1]}; {fmt} GEMMs need compute capability {need[0]}.{need[1]} or higher "
-                    f"(TransformerEngine's support checks); fix: drop --precision {fmt} or use a profile of such a GPU")
+    cc, need = profile.gpu.compute_capability, MIN_CAPABILITY.get(fmt)
+    te = model.fp8_saved_inputs and not model.fp8_sp_gathers  # TransformerEngine runs it (`for_profile`)
+    top = TE_BELOW_CAPABILITY.get(fmt) if te else None
+    if cc is None or ((need is None or cc >= need) and (top is None or cc < top)):
+        return
+    where, fix = format_given(model)
+    if need is not None and cc < need:
+        why = f"{fmt} GEMMs need compute capability {need[0]}.{need[1]} or higher (TransformerEngine's support checks)"
+    else:
+        why = (f"TransformerEngine runs no {fmt} GEMMs on compute capability {top[0]}.{top[1]} or higher (its "
+               f"support check: not supported on {top[0]}.{top[1]}+ architectures yet)")
+    raise MemoError(f"{where}: profile {profile.name} ({profile.gpu.model}) states gpu.compute_capability "
+                    f"{cc[0]}.{cc[1]}; {why}; fix: {fix} or use a profile of such a GPU")
 
 
 def gemm_peak_key(model: ModelConfig) -> str:
@@ -153,6 +183,33 @@ def gemm_cast_seconds(model: ModelConfig, profile: HardwareProfile, phase: str, 
     return t + weight_use_cast_seconds(model, profile, g * k * n)
 
 
+def gemm_cast_buffers(model: ModelConfig, phase: str, m: float, k: float, n: float, input_kept: bool = False,
+                      groups: int = 1) -> list[tuple[str, float]]:
+    """The casts' outputs around one quantised GEMM out[m, n] = x[m, k] W[k, n] on one GPU, (what, bytes), live
+    while the GEMM (backward: both its GEMMs) runs, beside the high-precision tensors they were cast from: the
+    memory side of `gemm_cast_seconds`, the same casts, each at its format's `GemmFormat.cast_output_bytes`
+    ([] when the format is not quantised). Forward (and recompute): the input's copies ("input"); where the framework
+    keeps one of them for the weight gradient (``input_kept``: TransformerEngine drops the row-wise copy after the
+    GEMM and keeps the column-wise one) that one is a saved tensor of the layer graph
+    (`memo_sim.model.layer_graph.FP8_SAVED_INPUTS`), so the rest only. Backward: the output gradient's ("dout")
+    and, unless kept, the input's again ("input"). Where the framework casts the weight at every use
+    (``fp8_weights_per_use``) its copies too ("weight"). ``groups``: a grouped GEMM over that many
+    (`gemm_cast_seconds`)."""
+    fmt, g = model.gemm, groups
+    if not fmt.quantised:
+        return []
+    if phase != "bwd":
+        x = fmt.cast_output_bytes(g * m * k)
+        out = [("input", x * (fmt.copies - 1) / fmt.copies if input_kept else x)]
+    else:
+        out = [("dout", fmt.cast_output_bytes(g * m * n))]
+        if not input_kept:
+            out.append(("input", fmt.cast_output_bytes(g * m * k)))
+    if model.fp8_weights_per_use:
+        out.append(("weight", fmt.quantised_bytes(g * k * n, weight=True)))
+    return [(what, nbytes) for what, nbytes in out if nbytes > 0]
+
+
 def weight_use_cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float) -> float:
     """A GEMM's weight of ``elements`` elements cast where the framework casts it at every use
     (``ModelConfig.fp8_weights_per_use``: torchao's Float8Linear casts the high-precision weight in the forward,
@@ -193,8 +250,14 @@ def for_profile(model: ModelConfig, profile: HardwareProfile) -> ModelConfig:
     tensor where the GPU's FP8 GEMMs take any layout (``fp8_transposes`` off: one copy of each weight, input and
     gradient; its Float8Quantizer and Float8CurrentScalingQuantizer make the transpose only when
     ``not is_non_tn_fp8_gemm_supported()``, and its tests count a Blackwell module's cached FP8 weights at one byte
-    per element, two on Hopper). torchao's Float8Linear and memo's executor cast both copies whatever the GPU."""
-    single = model.gemm.transposed_copy and model.fp8_saved_inputs and fp8_gemm_any_layout(profile)
+    per element, two on Hopper). torchao's Float8Linear and memo's executor cast both copies whatever the GPU; the
+    torchao of torchtitan@2024-12 (eab345c) keeps its FP8 inputs too (``fp8_saved_inputs``) but all-gathers them under
+    its Float8 TP styles (``fp8_sp_gathers``), which TransformerEngine does not, so that marks it apart. A format
+    TransformerEngine refuses on the GPU (`TE_BELOW_CAPABILITY`) is refused here (one line), where the framework's
+    library is first known (the what-if after `Framework.for_model`, the commands that price a plan file)."""
+    _check_capability(model, profile)  # the framework's library known here: TransformerEngine's own refusals
+    single = (model.gemm.transposed_copy and model.fp8_saved_inputs and not model.fp8_sp_gathers
+              and fp8_gemm_any_layout(profile))
     return model if model.fp8_transposes != single else replace(model, fp8_transposes=not single)
 
 

@@ -30,8 +30,8 @@ from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critica
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.kernel_fusion import amax_fused_backward, amax_fused_forward, fused_inputs
-from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, OpSpec, forward_ops, layer_tensors, recompute_ops,
-                                       sp_regathered)
+from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, OpSpec, forward_ops, fp8_input_kept,
+                                       layer_tensors, recompute_ops, sp_regathered)
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.tp import RING_GROUPS, TPFlavour
 
@@ -98,7 +98,7 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         fused = layout.kernel_fusion
         t += gemm_cast_seconds(model, profile, phase, m, k, n, amax_fused_forward(model, fused, op.inputs[0]),
                                amax_fused_backward(model, fused, op.outputs[0]),
-                               model.fp8_saved_inputs and op.inputs[0] in FP8_SAVED_INPUTS)
+                               fp8_input_kept(model, op.inputs[0]))
         return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
     if op.kind == "attention":
         if layout.attention == "materialised":

@@ -27,6 +27,9 @@ from memo_sim.plan.schema import Plan
 from memo_sim.policy import Policy, get_policy
 
 
+# the model fields a framework's FP8 library sets (`memo_sim.frameworks.Framework.for_model`,
+# `memo_sim.cost.gemm_format.for_profile`), named among the mechanisms where the export changes them
+_FP8_FIELDS = ("fp8_saved_inputs", "fp8_sp_gathers", "fp8_weights_per_use", "fp8_transposes")
 # a gradient reduction's element width in words (`PrecisionRecipe.grad_reduce_bytes`)
 _REDUCE_WORDS = {4: "fp32", 2: "16 bits"}
 
@@ -209,16 +212,31 @@ def framework_recipe(plan: Plan, framework: str) -> str | None:
     return theirs if theirs != m.recipe.name else None
 
 
-def nearest_model(plan: Plan, gaps: list[Gap]):
+def nearest_model(plan: Plan, gaps: list[Gap], framework: str | None = None, profile=None):
     """The plan's model as the framework runs it: a GEMM format it lacks replaced (`gemm_format_gap`), the
-    multi-token-prediction modules it does not train left out (`mtp_gap`)."""
+    multi-token-prediction modules it does not train left out (`mtp_gap`); with ``framework`` also what its data says
+    of how it trains the model, the one place the what-if takes it from (`memo_sim.frameworks.Framework.for_model`:
+    its FP8 library's behaviour, ``fp8_saved_inputs``, ``fp8_sp_gathers``, ``fp8_weights_per_use``, the QK-norm
+    outputs it keeps, chunked attention; a review: an export to Megatron-LM priced torchao's FP8 behaviour of the
+    plan's framework), and with ``profile`` its FP8 library's copies on that GPU (``fp8_transposes``,
+    `memo_sim.cost.gemm_format.for_profile`), as the what-if applies them. The model-state recipe stays the plan's
+    here (`framework_recipe` names its change)."""
     over = {}
     for g in gaps:
         if g.change.gemm_format is not None:
             over.setdefault("gemm_format", g.change.gemm_format)
         if g.change.mtp_layers is not None:
             over.setdefault("mtp_layers", g.change.mtp_layers)
-    return dataclasses.replace(plan.model, **over) if over else plan.model
+    model = dataclasses.replace(plan.model, **over) if over else plan.model
+    if framework is not None:
+        from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+        model = get_framework(framework).for_model(model)
+    if profile is not None:
+        from memo_sim.cost.gemm_format import for_profile  # noqa: PLC0415
+
+        model = for_profile(model, profile)
+    return model
 
 
 def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None = None) -> dict | None:
@@ -241,12 +259,19 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None 
     own = {k: v for k, v in (own or {}).items() if getattr(layout, k) != v}
     mechanisms += [f"{k} {getattr(layout, k)} -> {v}" for k, v in own.items()]
     layout = dataclasses.replace(layout, **own) if own else layout
-    model = nearest_model(plan, gaps)
+    try:  # the framework's FP8 behaviour and the rest of its `Framework.for_model` (a review: left out here)
+        model = nearest_model(plan, gaps, framework, prof)
+    except MemoError as e:
+        return {"label": f"{layout.label()} {policy.label()}", "error": str(e), "status": None,
+                "mechanisms": mechanisms}
+    fp8 = [f"{k} {getattr(plan.model, k)} -> {getattr(model, k)}" for k in _FP8_FIELDS
+           if model.gemm.quantised and getattr(plan.model, k) != getattr(model, k)]
+    mechanisms += fp8
     recipe = framework_recipe(plan, framework)
     if recipe is not None:  # (a review: a DeepSpeed plan exported to torchtitan priced with DeepSpeed's 16-bit
         # gradient reduce, where torchtitan's FSDP2 reduces in fp32)
         width = RECIPES[recipe].grad_reduce_bytes
-        mechanisms.append(f"precision {model.recipe.name} -> {recipe} (gradients reduced in "
+        mechanisms.append(f"precision {plan.model.recipe.name} -> {recipe} (gradients reduced in "
                           f"{_REDUCE_WORDS.get(width, f'{width}-byte elements')})")
         model = dataclasses.replace(model, precision=recipe)
     if not mechanisms and not any(g.change != PlanChange() for g in gaps):  # (a review: a Megatron plan's cuDNN

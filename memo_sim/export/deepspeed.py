@@ -331,6 +331,20 @@ def _architecture(plan: Plan) -> list[tuple[str, str | None]]:
     return args
 
 
+def _stage3_prefetch(m, lay) -> dict:
+    """ZeRO-3's prefetch as memo prices it (`memo_sim.dp.base.DPFlavour.gathered_layers`: the layer running and the
+    next one, gathered ahead whole): ``stage3_prefetch_bucket_size`` (the parameter elements DeepSpeed fetches ahead
+    of use, default 5e7: deepspeed/runtime/zero/config.py ``prefetch_bucket_size``, a quarter of a Llama-3.1-8B layer's
+    218M, so the next layer would not be gathered ahead whole) at one layer's parameters on a GPU, and
+    ``stage3_max_live_parameters`` (the elements resident before DeepSpeed releases, default 1e9) at the layers memo
+    holds gathered; {} below stage 3."""
+    if lay.zero < 3:
+        return {}
+    layer = -(-m.layer_params() // lay.tp)  # one layer's parameters on a GPU (its TP shard)
+    return {"stage3_prefetch_bucket_size": layer,
+            "stage3_max_live_parameters": int(lay.dp_flavour.gathered_layers(lay, m.layers) * layer)}
+
+
 def config(plan: Plan, applied: list[Gap]) -> dict:
     lay, pol, _ = nearest_plan(plan, applied)
     m, batch = plan.model, nearest_batch(plan, applied)  # a pipeline's replicas' sequences (`_pipeline_gap`)
@@ -346,6 +360,7 @@ def config(plan: Plan, applied: list[Gap]) -> dict:
                                  if lay.optimizer_offload else {})},
         "gradient_clipping": 1.0,
     }
+    cfg["zero_optimization"].update(_stage3_prefetch(m, lay))
     if m.dtype in ("bf16", "fp16"):
         cfg[m.dtype] = {"enabled": True}
     if pol.recomputes_attention:  # full recompute, its inputs on the GPU or (checkpoint_offload) on the host

@@ -13,14 +13,26 @@ pytorch/pytorch at 001074d25084fdb87a799823e395a50f5ec044d3):
   ``roundup_power2_divisions:[256:1,512:2,1024:4,>:8]``: a request's size class is its power of
   two from 1 MiB to 32 GiB (16 intervals; smaller sizes use the first, larger the last); a list
   key N (MiB, a power of two) sets interval log2(N); the first key also sets every interval
-  below it, ``>`` every interval after the last key (after interval 0 when it comes first);
+  below it, ``>`` every interval after the last key (after interval 0 when it comes first):
+  ``AcceleratorAllocatorConfig::parseRoundUpPower2Divisions`` fills from ``last_index + 1``
+  (checked at pytorch/pytorch 0ac716637f3258efcaf7fdfb851bdd520c9c1441). PyTorch before the
+  settings moved to ``AcceleratorAllocatorConfig`` (c10/cuda/CUDAAllocatorConfig.cpp, and
+  c10/core/AllocatorConfig.cpp at 065861fba7598880aa3216822742a1172d0a197c) filled from
+  ``last_index`` itself, so ``>`` there also overwrote the last key's own interval
+  (``[256:1,512:2,1024:4,>:8]`` gave 1024 MiB 8 divisions, not 4); memo follows the newer parser;
 * ``garbage_collection_threshold:T`` with 0 < T < 1 (PyTorch runs the collection only when the
   process has a memory fraction, so memo accepts it only beside ``per_process_memory_fraction``);
 * ``per_process_memory_fraction:F`` (0 < F <= 1): not a ``PYTORCH_CUDA_ALLOC_CONF`` key but the
   value of ``torch.cuda.set_per_process_memory_fraction(F)``, written here because it changes
   what the allocator may reserve and turns the garbage collection on;
 * keys that do not change device memory (``release_lock_on_cudamalloc``, the ``pinned_*`` host
-  settings) are accepted and kept; ``backend:cudaMallocAsync`` is refused (a different allocator,
+  settings) are accepted and kept once their values pass PyTorch's own checks
+  (c10/cuda/CUDAAllocatorConfig.cpp ``parseArgs`` at 01f9ef32eae5ef513002dd44902c23cbe6be3aae,
+  ``pinned_use_background_threads`` in c10/core/AllocatorConfig.cpp): ``True``/``False`` for
+  ``release_lock_on_cudamalloc``, ``pinned_use_cuda_host_register`` and
+  ``pinned_use_background_threads`` (``ConfigTokenizer::toBool``); a power of two at most 128
+  (``pinned_max_register_threads``) for ``pinned_num_register_threads``; an integer > 0 for
+  ``pinned_reserve_segment_size_mb``; ``backend:cudaMallocAsync`` is refused (a different allocator,
   not modelled).
 
 Bad text is one `MemoError` line naming the key and the fix.
@@ -122,7 +134,7 @@ def _divisions(v: str) -> tuple[int, ...]:
         if d and not _power_of_two(d):
             raise MemoError(f"{where}: divisions must be powers of two, got {d}")
         key = key.strip()
-        if key == ">":  # from the interval after the last key (PyTorch's last_index starts at 0)
+        if key == ">":  # from the interval after the last key (PyTorch's last_index starts at 0; fill from +1)
             for i in range(last + 1, ROUNDUP_INTERVALS):
                 divs[i] = d
             continue
@@ -136,6 +148,28 @@ def _divisions(v: str) -> tuple[int, ...]:
         divs[idx] = d
         last, first = idx, False
     return tuple(divs)
+
+
+PINNED_MAX_REGISTER_THREADS = 128  # CUDAAllocatorConfig::pinned_max_register_threads() (c10/cuda/CUDAAllocatorConfig.h)
+_BOOL_KEYS = ("release_lock_on_cudamalloc", "pinned_use_cuda_host_register", "pinned_use_background_threads")
+
+
+def _no_effect_value(key: str, v: str) -> str:
+    """Check a no-effect key's value the way PyTorch's parser does (module docstring), so that a
+    string PyTorch refuses at start-up is not written into a plan."""
+    if key in _BOOL_KEYS:
+        if v not in ("True", "False"):
+            raise MemoError(f"alloc_conf: {key} must be True or False (PyTorch refuses anything else), got {v!r}")
+    elif key == "pinned_num_register_threads":
+        n = _int(key, v)
+        if not _power_of_two(n) or n > PINNED_MAX_REGISTER_THREADS:
+            raise MemoError(f"alloc_conf: {key} must be a power of two from 1 to {PINNED_MAX_REGISTER_THREADS} "
+                            f"(PyTorch's check), got {v}")
+    elif key == "pinned_reserve_segment_size_mb":
+        if _int(key, v) <= 0:
+            raise MemoError(f"alloc_conf: {key} must be an integer > 0 (MiB; PyTorch's check), got {v}; "
+                            f"drop the key for no reserve segment")
+    return v
 
 
 def _fraction(key: str, v: str, upper_open: bool) -> float:
@@ -180,7 +214,7 @@ def parse_alloc_conf(text: str) -> AllocConf:
                                 f"drop the key to plan on PyTorch's native caching allocator")
             other.append((key, val))
         elif key in _NO_EFFECT:
-            other.append((key, val))
+            other.append((key, _no_effect_value(key, val)))
         elif key in _NOT_MODELLED:
             raise MemoError(f"alloc_conf: {key} changes device memory but is not modelled; drop the key")
         else:

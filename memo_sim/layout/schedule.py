@@ -79,3 +79,13 @@ def executor_stage_limit(layout) -> str | None:
     simulator's (`memo_sim.dp.base.DPFlavour.pipeline_why_not`: ZeRO 0 or 1, or FSDP as torchtitan runs
     it, `memo_sim.dp.fsdp`)."""
     return layout.dp_flavour.pipeline_why_not(layout) if layout.pp > 1 else None
+
+
+def ideal_bubble_fraction(pp: int, vpp: int, micro_batches: int) -> float:
+    """The share of the iteration a stage idles with equal stage times: fill and drain add (p - 1)·W/v of idle
+    time to its v·m chunk steps of W/v each (W: a stage's work per micro-batch), so (p - 1)/(v·m + p - 1): 60 %
+    for p 4, v 1, m 2. Megatron-LM's paper (Narayanan et al. 2021, sec. 2.2) states the idle time over the work,
+    (p - 1)/(v·m) (`memo_sim.search.estimate.pipeline_bubble`), 150 % there, which is no share of anything.
+    memo-exec's pipeline report (memo_exec/pipeline/report.py) and the simulator's pipeline result
+    (`memo_sim.engine.schedules.microbatch`) give this share."""
+    return (pp - 1) / (vpp * micro_batches + pp - 1)

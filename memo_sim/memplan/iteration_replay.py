@@ -59,8 +59,12 @@ Static memory plan (`memo_sim.policy.base.uses_memory_plan`: MEMO, or ``whatif -
 the transients the plan places sit in one arena allocated before the first iteration (the
 largest placed max-live of a layer's phases, as memo_exec/arena.py allocates it); what the plan
 leaves to the caching allocator (`memo_sim.model.layer_graph.UNPLACED`: kernel workspaces, the
-gradients autograd hands between layers, the layer chain, the kept tensors, the classifier) is
-replayed as above, and the rounding buffers' rows are in the static buffers. For GPT-7B at 1M
+gradients autograd hands between layers, the layer chain, the kept tensors, the final norm's output)
+is replayed as above, and the rounding buffers' rows are in the static buffers. The classifier's
+chunks sit in the arena, free between the last forward and the first backward, wherever at least
+memo-exec's minimum of their rows fits it (memo_exec/arena.py ``between_layers``, memo_exec/model.py
+``ChunkPlace``; `memo_sim.memplan.iteration_requests.chunk_in_arena`), and ask the caching
+allocator for nothing. For GPT-7B at 1M
 tokens with MEMO's plan that replay never reorganises, even with the collectives' buffers held
 (tests/test_allocator_iteration.py). The engine charges no reorganisation to a memory-planned
 run and does not replay it (`replay_iteration` replays whatever it is given and says
@@ -138,19 +142,22 @@ def _check_replay_args(iterations, stream_lag_phases) -> int:
     return lag
 
 
-def _replay_static(m: CachingAllocatorModel, stream: IterationStream) -> OomEvent | None:
+def _replay_static(m: CachingAllocatorModel, stream: IterationStream, observer=None) -> OomEvent | None:
     """Allocate the static requests (model states, static buffers); the OOM event if they do not fit."""
     for _k, bid, size in stream.static:
         try:
             m.malloc(bid, size, 0)
         except AllocatorOutOfMemory as e:
             return e.event
+        if observer is not None:
+            observer(m, -1, -1, MALLOC, bid, size)
     return None
 
 
 def _replay_one(m: CachingAllocatorModel, stream: IterationStream, it: int, lag: int, series: bool,
-                miss_margins: list | None) -> tuple[_Reported, OomEvent | None]:
-    """Replay iteration ``it`` (0-based) of ``stream`` on ``m``; what it reports and its OOM event."""
+                miss_margins: list | None, observer=None) -> tuple[_Reported, OomEvent | None]:
+    """Replay iteration ``it`` (0-based) of ``stream`` on ``m``; what it reports and its OOM event.
+    ``observer(m, it, phase, kind, bid, size)`` (`replay_stream`) is called after each request is served."""
     rep = _Reported(m.counters(), len(m.reorganization_steps))
     m.reset_peak_stats()
     rep.peak_alloc, rep.reserved_at_peak = m.allocated_bytes, m.reserved_bytes
@@ -181,6 +188,8 @@ def _replay_one(m: CachingAllocatorModel, stream: IterationStream, it: int, lag:
             if series:
                 rep.res_series.append(m.reserved_bytes)
                 rep.alloc_series.append(m.allocated_bytes)
+            if observer is not None:
+                observer(m, it, ph, kind, bid, size)
     except AllocatorOutOfMemory as e:
         oom = e.event
     marks.append((-1, m.counters()))
@@ -195,7 +204,8 @@ def _replay_one(m: CachingAllocatorModel, stream: IterationStream, it: int, lag:
 
 def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: int | None = None,
                   series: bool = False, policy: Policy | None = None,
-                  stream_lag_phases: int | None = None, miss_margins: list | None = None) -> IterationReplay:
+                  stream_lag_phases: int | None = None, miss_margins: list | None = None,
+                  observer=None) -> IterationReplay:
     """Replay ``stream``'s static requests, then iterations of it; report the last.
 
     ``iterations``: None (default) replays until an iteration leaves the cache exactly as it
@@ -212,10 +222,15 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
     ``miss_margins``: a list that receives, per replayed iteration, the large pool's free bytes
     minus the rounded request at each request the cache could not serve (a fragmentation
     failure where >= 0).
+
+    ``observer``: called as ``observer(model, iteration, phase, kind, buffer_id, size)`` after every request the
+    allocator model served (``iteration`` and ``phase`` -1 for the static requests), with the model itself, whose
+    addresses and segments it may read but must not change (`memo_sim.report.memory_snapshot` writes the
+    replay's allocations in PyTorch's snapshot format so).
     """
     lag = _check_replay_args(iterations, stream_lag_phases)
     m = CachingAllocatorModel(config)
-    oom = _replay_static(m, stream)
+    oom = _replay_static(m, stream, observer)
     oom_it: int | None = -1 if oom is not None else None  # -1: the model states and static buffers do not fit
     if miss_margins is not None:
         m.miss_margins = []
@@ -224,9 +239,11 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
     limit = MAX_ITERATIONS if iterations is None else iterations
     steady = False
     done = 0
+    by_it: list[int] = []
     while oom is None and done < limit:
         sig_start = m.layout_signature()
-        rep, oom = _replay_one(m, stream, done, lag, series, miss_margins)
+        rep, oom = _replay_one(m, stream, done, lag, series, miss_margins, observer)
+        by_it.append(len(m.reorganization_steps) - rep.reorg_start)
         if oom is not None:
             oom_it = done
         done += 1
@@ -236,13 +253,15 @@ def replay_stream(stream: IterationStream, config: AllocatorConfig, iterations: 
         steady = m.layout_signature() == sig_start
         if iterations is None and steady and done >= 2:
             break
-    return _report(stream, config, policy, m, rep, after_static, done, steady, oom, oom_it, lag)
+    return _report(stream, config, policy, m, rep, after_static, done, steady, oom, oom_it, lag, by_it)
 
 
 def _report(stream: IterationStream, config: AllocatorConfig, policy: Policy | None, m: CachingAllocatorModel,
             rep: _Reported, after_static: dict, done: int, steady: bool, oom: OomEvent | None,
-            oom_it: int | None, lag: int) -> IterationReplay:
-    """The `IterationReplay` of the reported iteration ``rep`` after ``done`` iterations."""
+            oom_it: int | None, lag: int, by_iteration: list[int] | None = None) -> IterationReplay:
+    """The `IterationReplay` of the reported iteration ``rep`` after ``done`` iterations; ``by_iteration``: the
+    allocation retries of each replayed iteration (``reorganizations_by_iteration``, with ``steady`` what a caller
+    shows where the replay found no repeating iteration: `IterationReplay.steadiness`)."""
     now = m.counters()
     cnt = {k: now[k] - rep.start[k] for k in now}
     reqs, n = stream.iteration, len(stream.iteration)
@@ -283,6 +302,7 @@ def _report(stream: IterationStream, config: AllocatorConfig, policy: Policy | N
         series_reserved_bytes=rep.res_series,
         series_allocated_bytes=rep.alloc_series,
         segments=m.num_segments(),
+        reorganizations_by_iteration=list(by_iteration or []),
     )
 
 

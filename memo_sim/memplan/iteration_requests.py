@@ -2,10 +2,10 @@
 states and the policy's static buffers once, then per layer the level-1 transients of
 `memo_sim.memplan.trace_gen` and the tensors the policy keeps, allocated at the ops that produce
 them and freed after the backward of the last op that reads them; under a static memory plan the
-transients it places are one static arena instead (the full description is
-`memo_sim.memplan.iteration_replay`'s). The stream is built from a recipe (`_StreamRecipe`:
-static requests, layer templates, the recompute pattern, the classifier's sizes): equal recipes
-build equal streams, which is what the replay cache keys on."""
+transients it places are one static arena instead, the classifier's chunks inside it
+(`chunk_in_arena`; the full description is `memo_sim.memplan.iteration_replay`'s). The stream is
+built from a recipe (`_StreamRecipe`: static requests, layer templates, the recompute pattern, the
+classifier's sizes): equal recipes build equal streams, which is what the replay cache keys on."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
-from memo_sim.cost.memory import (CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, model_state_parts,
-                                  mtp_activation_bytes, mtp_module_parts)
+from memo_sim.cost.memory import (CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, loss_bytes_per_logit,
+                                  loss_tokens, model_state_parts, mtp_activation_bytes, mtp_module_parts)
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.iteration_stream import FREE, FREE_STREAM, MALLOC, ROLES, IterationStream, Request
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard, placed_only
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import IN_ROUNDING_BUFFER, UNPLACED, forward_ops, layer_tensors
+from memo_sim.model.layer_graph import DTYPE_BYTES, IN_ROUNDING_BUFFER, UNPLACED, forward_ops, layer_tensors
 from memo_sim.policy.base import Policy, uses_memory_plan
 from memo_sim.request_trace import RequestTrace
 from memo_sim.tp import comm_buffer_prefixes
@@ -276,12 +276,14 @@ class _StreamRecipe:
     recomputes: tuple[bool, ...]  # per layer: its backward runs the recompute template
     # the multi-token-prediction modules' tensors kept over the head, each its own request (`_mtp_requests`)
     mtp: tuple[Request, ...] = ()
+    chunk_in_arena: bool = False  # the classifier's chunks sit in the memory plan's arena (`chunk_in_arena`)
 
     def request_sizes(self) -> set[int]:
         """The sizes the iteration's requests ask for."""
         t = self.templates
-        return {self.x, self.logits} | {size for tpl in (t.forward, t.backward, t.backward_recompute, self.mtp)
-                                        for kind, _bid, size in tpl if kind == MALLOC}
+        chunk = set() if self.chunk_in_arena else {self.logits}
+        return {self.x} | chunk | {size for tpl in (t.forward, t.backward, t.backward_recompute, self.mtp)
+                                   for kind, _bid, size in tpl if kind == MALLOC}
 
     def content_key(self, static: bool = True) -> bytes:
         """The recipe, losslessly encoded (the ``repr`` of its ints, strings and bools, compressed):
@@ -290,8 +292,32 @@ class _StreamRecipe:
         requests and phases alone)."""
         t = self.templates
         text = repr((self.static if static else None, self.x, self.logits, t.forward, t.backward,
-                     t.backward_recompute, t.arena, self.recomputes) + ((self.mtp,) if self.mtp else ()))
+                     t.backward_recompute, t.arena, self.recomputes) + ((self.mtp,) if self.mtp else ())
+                    + (("chunk_in_arena",) if self.chunk_in_arena else ()))
         return zlib.compress(text.encode(), 1)
+
+
+# memo_exec/model.py ``ChunkPlace``: a chunk goes into the arena when at least this many of its rows fit there
+# (MIN_ARENA_ROWS), after ALIGN bytes for the fp32 copy's aligned start
+_CHUNK_MIN_ARENA_ROWS, _CHUNK_ALIGN = 1024, 256
+
+
+def chunk_in_arena(model: ModelConfig, layout: Layout, batch: int, seq: int, arena: int,
+                   classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> bool:
+    """Whether a memory-planned run puts the classifier's chunk tensors (the logits, their fp32 copy and their
+    gradient, which reuses the logits) in the plan's ``arena``-byte arena instead of asking the caching allocator:
+    memo-exec hands the whole arena to the classifier between the last layer's forward and the first backward
+    (memo_exec/arena.py ``ArenaScratch.between_layers``) and memo_exec/model.py ``ChunkPlace`` places a chunk
+    there, cut to the rows that fit (a multiple of 128), when at least ``min(chunk, MIN_ARENA_ROWS)`` rows fit; a
+    row takes the loss's live bytes per logit (`loss_bytes_per_logit`) times the GPU's vocabulary share."""
+    if arena <= 0:
+        return False
+    rows = loss_tokens(layout, batch, seq, classifier_chunk_tokens)
+    per_row = model.vocab / layout.tp * loss_bytes_per_logit(layout.cross_entropy, DTYPE_BYTES[model.dtype])
+    if rows <= 0 or per_row <= 0:
+        return False
+    fit = max(0, arena - _CHUNK_ALIGN) // per_row
+    return fit >= min(rows, _CHUNK_MIN_ARENA_ROWS)
 
 
 @lru_cache(maxsize=64)
@@ -317,9 +343,12 @@ def _stream_recipe(model: ModelConfig, layout: Layout, batch: int, seq: int, pol
     head = (classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens, recompute_mtp=rec_mtp)
             - mtp_activation_bytes(model, layout, batch, seq, rec_mtp))
     logits = _nbytes(max(1.0, head - 2 * sk["input"]))
+    # a review: the replay asked the caching allocator for the 14.48 GiB chunk of gpt-7b at 1M on MEMO's plan and
+    # ran out of memory, where memo-exec puts it in the 20 GiB arena (`chunk_in_arena`)
+    in_arena = chunk_in_arena(model, layout, batch, seq, templates.arena, classifier_chunk_tokens)
     return _StreamRecipe(tuple(static), x, logits, templates,
                          tuple(bool(policy.recomputes_layer(i, n)) for i in range(n)),
-                         _mtp_requests(model, layout, batch, seq, rec_mtp))
+                         _mtp_requests(model, layout, batch, seq, rec_mtp), in_arena)
 
 
 def _mtp_module_tensors(model: ModelConfig, layout: Layout, batch: int, seq: int, layer_part: float,
@@ -360,11 +389,11 @@ def _stream_name(model: ModelConfig, layout: Layout, seq: int, policy: Policy) -
 
 
 def _build_stream(r: _StreamRecipe, name: str) -> IterationStream:
-    reqs, phase_of, names = _iteration_requests(r.x, r.logits, r.templates, r.recomputes, r.mtp)
+    reqs, phase_of, names = _iteration_requests(r.x, r.logits, r.templates, r.recomputes, r.mtp, r.chunk_in_arena)
     return IterationStream(r.static, reqs, phase_of, name=name, phase_names=names)
 
 
-def _mtp_forward(mtp: tuple[Request, ...], logits: int) -> tuple[Request, ...]:
+def _mtp_forward(mtp: tuple[Request, ...], logits: int, in_arena: bool = False) -> tuple[Request, ...]:
     """The modules' forward, one after the other: each one's kept tensors, then its own head's logits and their
     copies, the main head's size (the same output layer and loss over the same tokens: Megatron-LM
     multi_token_prediction.py:1013 ``process_mtp_loss`` calls ``output_layer``), freed once its loss is taken. Live
@@ -373,18 +402,19 @@ def _mtp_forward(mtp: tuple[Request, ...], logits: int) -> tuple[Request, ...]:
     modules = sorted({bid.split(".")[0] for _kind, bid, _size in mtp})
     for m in modules:
         out += [r for r in mtp if r[1].split(".")[0] == m]
-        out += [(MALLOC, f"{m}.chunk", logits), (FREE, f"{m}.chunk", 0)]
+        if not in_arena:  # memo-exec joins the modules' rows to the main head's chunks (memo_exec/model.py)
+            out += [(MALLOC, f"{m}.chunk", logits), (FREE, f"{m}.chunk", 0)]
     return tuple(out)
 
 
 @lru_cache(maxsize=64)
 def _iteration_requests(x: int, logits: int, tpl: _LayerTemplates, recomputes: tuple[bool, ...],
-                        mtp: tuple[Request, ...] = ()) -> tuple:
+                        mtp: tuple[Request, ...] = (), chunk_in_arena: bool = False) -> tuple:
     """(requests, phase of each, phase names) of one iteration: what a stream holds besides its
     static requests and name (recipes that differ only in those share one). ``mtp``: the modules'
     kept tensors, allocated in the head's phase before the main head's and freed after its backward
     (Megatron-LM gpt_model.py:712 runs the modules after the decoder, before the output layer at
-    line 807)."""
+    line 807). ``chunk_in_arena``: the classifier's chunks are in the memory plan's arena, no request."""
     n = len(recomputes)
     reqs: list[Request] = [(MALLOC, "x0", x)]  # embedding output = layer 0's input
     phase_of: list[int] = [0]
@@ -402,8 +432,9 @@ def _iteration_requests(x: int, logits: int, tpl: _LayerTemplates, recomputes: t
     # classifier: final norm output, one chunk's logits (+ fp32 softmax and gradient), the gradient
     # of the last layer's output; the last layer's output dies with the final norm's backward
     phase += 1
-    cls = (_mtp_forward(mtp, logits) + ((MALLOC, "cls.final_norm", x), (MALLOC, "cls.chunk", logits),
-                                         (FREE, "cls.chunk", 0), (MALLOC, f"g{n}", x))
+    chunk = () if chunk_in_arena else ((MALLOC, "cls.chunk", logits), (FREE, "cls.chunk", 0))
+    cls = (_mtp_forward(mtp, logits, chunk_in_arena) + ((MALLOC, "cls.final_norm", x),) + chunk
+           + ((MALLOC, f"g{n}", x),)
            + tuple((FREE, bid, 0) for _kind, bid, _size in reversed(mtp))
            + ((FREE, "cls.final_norm", 0), (FREE, f"x{n}", 0)))
     reqs.extend(cls)

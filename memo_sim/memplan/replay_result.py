@@ -22,7 +22,9 @@ class IterationReplay:
     together. ``reorganization_requests`` names the requests that triggered a reorganisation.
     On OOM the replay stops: ``oom_iteration`` (0-based; -1: the static requests, model states
     and the policy's static buffers, do not fit) and ``oom_event`` say where (the OOM request is
-    ``oom_request``); the counts are those of the failing iteration up to there.
+    ``oom_request``); the counts are those of the failing iteration up to there. Where ``steady`` is False the
+    reported iteration is the last of ``iterations`` and need not be what every iteration does:
+    ``reorganizations_by_iteration`` and `steadiness` say so (`to_json_obj` carries ``steadiness`` too).
     """
 
     name: str
@@ -57,6 +59,20 @@ class IterationReplay:
     series_reserved_bytes: list[int] = field(default_factory=list)  # per request, reported iteration
     series_allocated_bytes: list[int] = field(default_factory=list)
     segments: int = 0  # segments held at the reported iteration's end (an expandable one counts once)
+    # allocation retries of every replayed iteration, first to last (the reported one last): where ``steady`` is
+    # False they show how the iterations differ (a review: a 672K plan's retries alternated 39/40 and the replay
+    # showed one iteration's as if every iteration repeated it)
+    reorganizations_by_iteration: list[int] = field(default_factory=list)
+
+    def steadiness(self) -> str:
+        """The replay's steady state in words: '' where the reported iteration repeats (``steady``) or the replay
+        ran out of memory, else how many iterations were replayed without one repeating and their retries."""
+        if self.steady or self.oom:
+            return ""
+        by_it = ", ".join(map(str, self.reorganizations_by_iteration))
+        return (f"not steady: none of the {self.iterations} iterations replayed left the cache as it found it, so "
+                f"later iterations may differ from the reported last one"
+                + (f" (allocation retries per iteration: {by_it})" if by_it else ""))
 
     def memory_stats(self) -> dict[str, int]:
         """The reported iteration's counters and peaks under the keys of PyTorch's
@@ -108,4 +124,5 @@ class IterationReplay:
     def to_json_obj(self) -> dict:
         d = asdict(self)
         d["oom_request"] = self.oom_request
+        d["steadiness"] = self.steadiness()
         return d

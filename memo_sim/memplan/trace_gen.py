@@ -9,7 +9,10 @@ Forward: a sequence-parallel all-gather output (the gemm input at full local seq
 lives until its gemm ends; a row-parallel gemm output lives at full length until its
 reduce-scatter / all-reduce, whose output lives until the residual add; the layer output y
 lives to the end of the phase (it becomes the next layer's input). Attention and its
-communication add the buffers of `attention_buffers` while the attention kernel runs.
+communication add the buffers of `attention_buffers` while the attention kernel runs. Under a
+quantised GEMM format each layer GEMM's casts write their quantised copies beside the
+high-precision tensors while the GEMM runs (`fp8_casts`): the input's in forward, the output
+gradient's and the input's again in backward.
 
 Backward (ops in reverse): the incoming gradient dy, the gradients each op produces, the
 gathered inputs the weight gradients need again under sequence parallelism, and MEMO's
@@ -48,15 +51,17 @@ from functools import lru_cache
 
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes, tokens_per_gpu
 from memo_sim.cost.attention_kernel import score_matrices
+from memo_sim.cost.gemm_format import gemm_cast_buffers
+from memo_sim.cost.layer_time import gemm_shape
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes
-from memo_sim.cost.moe import dispatcher_buffer_bytes
+from memo_sim.cost.moe import dispatcher_buffer_bytes, expert_gemm_shape, scoped_gemm_shape
 from memo_sim.layout.parallel import Layout
 from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.cost.metp import block_sizes
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, UNPLACED, attention_bwd_workspace_bytes,
-                                        forward_ops, layer_tensors)
+                                        fp8_cast_name, fp8_input_kept, forward_ops, layer_tensors)
 from memo_sim.memplan.ring_trace import RING_TRACES
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import offloaded_layer_count
@@ -159,6 +164,26 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     return out
 
 
+def fp8_casts(model: ModelConfig, layout: Layout, op, batch: int, seq: int, phase: str) -> list[tuple[str, float]]:
+    """The quantised copies a layer GEMM's casts write beside their high-precision inputs while it runs on one GPU,
+    (tensor name, bytes) (`memo_sim.cost.gemm_format.gemm_cast_buffers`; none in the model dtype, none for the
+    router, which runs in it): the GEMM's shape on the GPU as its time prices it (`gemm_shape`; latent attention's
+    replicated projections and the experts' grouped GEMM theirs). The input's copy the framework keeps for the weight
+    gradient (``fp8_saved_inputs``: the norms' and the activation's, and the output projection's copy of the attention
+    output, `memo_sim.model.layer_graph.fp8_attention_copy`) is a saved tensor, not one of these."""
+    if op.kind != "gemm" or op.scope == "shard" or not model.gemm.quantised:
+        return []
+    groups = 1
+    if op.scope == "expert":
+        groups, m, k, n = expert_gemm_shape(op, model, layout, batch, seq)
+    elif op.scope == "replicated":
+        m, k, n = scoped_gemm_shape(op, layout, batch, seq, 1.0)
+    else:
+        m, k, n = gemm_shape(op, layout, batch, seq)
+    return [(fp8_cast_name(op.name, what), nbytes)
+            for what, nbytes in gemm_cast_buffers(model, phase, m, k, n, fp8_input_kept(model, op.inputs[0]), groups)]
+
+
 def _align(n: float) -> int:
     n = int(round(n))
     return max(ALIGN, -(-n // ALIGN) * ALIGN)
@@ -250,13 +275,16 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
         attn_bufs = attention_buffers(model, layout, tb, "fwd", batch, seq) if op.kind == "attention" else []
         for name, nbytes in attn_bufs:
             b.alloc(name, nbytes)
+        casts = fp8_casts(model, layout, op, batch, seq, "fwd")
+        for name, nbytes in casts:
+            b.alloc(name, nbytes)
         for o in op.outputs:
             if not tens[o].saved and o not in op.inputs:
                 b.alloc(o + ("_partial" if op.tp_comm_after == "reduce" and tp else ""),
                         full_h if op.tp_comm_after == "reduce" and tp else tb[o])
         b.tick()
         b.free(f"{op.name}_input_gathered")
-        for name, _ in attn_bufs:
+        for name, _ in attn_bufs + casts:
             b.free(name)
         if op.tp_comm_after == "reduce" and tp:
             for o in op.outputs:
@@ -320,6 +348,7 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
         if op.kind == "gemm" and sp and op.tp_comm_after != "reduce" and op.scope in _GATHERED_SCOPES:
             b.alloc(f"{op.name}_input_regathered", full_h)  # weight gradient needs the full input
         attn_bufs = attention_buffers(model, layout, tb, "bwd", batch, seq) if op.kind == "attention" else []
+        attn_bufs += fp8_casts(model, layout, op, batch, seq, "bwd")  # live, and freed, as the kernel's buffers
         for name, nbytes in attn_bufs:
             b.alloc(name, nbytes)
         produced = []

@@ -174,6 +174,15 @@ def fp8_attention_copy(model: ModelConfig) -> bool:
     return bool(model.fp8_saved_inputs and model.gemm.quantised)
 
 
+def fp8_input_kept(model: ModelConfig, gemm_input: str) -> bool:
+    """Whether a GEMM's quantised input copy is kept for its weight gradient, so backward does not cast the input
+    again: the norms' and the activation's copies (`FP8_SAVED_INPUTS`) and the output projection's copy of the
+    attention output (`fp8_attention_copy`), where the framework keeps them (``fp8_saved_inputs``). The one rule the
+    cast's time (`memo_sim.cost.layer_time`) and its buffers (`memo_sim.memplan.trace_gen.fp8_casts`) follow."""
+    return bool(model.fp8_saved_inputs and (gemm_input in FP8_SAVED_INPUTS
+                                            or (gemm_input == "attn" and fp8_attention_copy(model))))
+
+
 def separate_norms(model: ModelConfig) -> tuple[str, ...]:
     """The norm outputs Megatron-LM's ``--recompute-modules layernorm`` rebuilds: the norms that are modules of their
     own (megatron/core/transformer/transformer_layer.py: ``recompute_input_layernorm`` / ``recompute_pre_mlp_layernorm``
@@ -395,3 +404,19 @@ _MOE_TENSORS = ("probs", "moe_in", "moe_in_w", "efc1", "eact", "efc2", "moe_out"
 UNPLACED["fwd"].update({n: _MOE_WHY for n in ("dispatch_recv", "combine_recv", "efc2", "moe_out", "sfc2")})
 UNPLACED["bwd"].update({f"d_{n}": _MOE_WHY for n in _MOE_TENSORS})
 UNPLACED["bwd"].update({n: _MOE_WHY for n in ("dispatch_grad_recv", "combine_grad_recv")})
+# A quantised GEMM format's cast outputs (`memo_sim.memplan.trace_gen.fp8_casts`): the cast kernel allocates its
+# quantised copies itself (memo_exec.gemm_formats.quantize through the caching allocator; TransformerEngine's
+# quantisers likewise), beside the static arena
+_GEMM_OPS = ("qkv", "q_down", "q_up", "q_proj", "kv_down", "kv_up", "out_proj", "fc1", "fc2", "expert_fc1",
+             "expert_fc2", "shared_fc1", "shared_fc2")
+_CAST_WHY = "a quantised GEMM format's cast output: allocated by the cast (caching allocator) beside the static arena"
+FP8_CASTS = {"fwd": ("input", "weight"), "bwd": ("dout", "input", "weight")}
+
+
+def fp8_cast_name(op: str, what: str) -> str:
+    """The trace's name of a GEMM's cast output: ``what`` is input, dout (the output gradient) or weight."""
+    return f"{op}_{what}_fp8"
+
+
+for _ph, _whats in FP8_CASTS.items():
+    UNPLACED[_ph].update({fp8_cast_name(op, w): _CAST_WHY for op in _GEMM_OPS for w in _whats})

@@ -1,29 +1,37 @@
 """The predicted memory of one iteration in PyTorch's snapshot format (``torch.cuda.memory._snapshot()``),
-so it opens in PyTorch's memory_viz beside a measured snapshot.
+so it opens in PyTorch's memory_viz beside a measured snapshot. ``memo_what`` in the snapshot says which of the two
+below it is.
 
-The simulated run (``record``) applied its GPU allocations in an order its memory samples keep
-(one sample per allocation or free, with the bytes in use after it): the static allocations,
-then each op's allocations at its start and frees at its end. `allocation_stream` recovers that
-order with the tensor names (each sample matched to the allocation of its instant whose size it
-adds), so the trace's running total is the simulator's memory curve and its peak the simulated
-peak. Addresses come from memo's model of PyTorch's caching allocator
-(`memo_sim.memplan.caching_allocator`) serving the same requests in the same order, on the GPU's usable memory with
-the layout's allocator settings (`memo_sim.memplan.iteration_replay.allocator_config`, as `memo-sim explain`'s
-replay): where a request finds no room it frees the cached segments and tries again, as PyTorch does (the trace's
-``segment_free`` entries), so the segments never hold more than the GPU has (a review: an unbounded model kept
-79.59 GiB of segments for a plan that fits in 78 GiB). Where even that fails (the simulator's requests are lumps of
-a layer's tensors, whose rounding the per-tensor replay does not pay) the addresses are an unbounded allocator's and
-the snapshot says so (``memo_note``; `memo-sim simulate` prints it as a warning). For a policy
-with a static memory plan (MEMO, ``--allocator plan``) the runtime places a layer's transients inside one arena
-allocated once before the first iteration (memo_exec/arena.py; the arena of
-`memo_sim.memplan.iteration_replay`'s stream, ``ARENA_ID``): the snapshot allocates that arena with the static
-buffers and each phase's working lump asks the caching allocator only for what the plan leaves to it (the lump
-less the arena: kernel workspaces, the activation handed between layers), the classifier's too (memo-exec puts
-its chunk tensors in the arena between the last forward and the first backward, ``between_layers``). A review:
-lumps of the whole phase peak put the 16 MiB lse of the next layer into the freed 20 GiB lump, so every layer's
-lump took a fresh segment (88.66 GiB of segments on an 80 GB GPU). The trace's running total is then the
-simulator's curve with the arena live from the start (its peak the simulated one wherever a lump at least the
-arena's size is live at the peak).
+A single-stage run (`_replay_snapshot`): the caching-allocator replay of its iteration
+(`memo_sim.memplan.iteration_replay`: the model states and static buffers, then every tensor of every layer's
+forward and backward, the classifier's, one request each, on the GPU's usable memory with the layout's allocator
+settings and stream lag), the very replay summary.json's ``allocator`` fields report (a review: the snapshot of the
+README toy under full_recompute held 122 MiB of segments and 104.99 MiB allocated where summary.json's replay
+reserved 96 MiB and allocated 86.25 MiB: the snapshot was the simulator's lumps, not that replay). Every replayed
+iteration is written (warm-up first), each request with its tensor's name and phase, the segments as the replay
+leaves them: the trace's largest live total is the stream's max-live bytes, its segments peak at the replay's
+reserved peak. summary.json's ``peak_gpu_bytes`` is the simulator's memory curve, whose layer phases are lumps of
+the phase's peak, and is not this trace's peak. Under a static memory plan (MEMO, ``--allocator plan``) the arena is
+one static request (memo_exec/arena.py allocates it once: the largest placed max-live of a layer's phases, the
+replay's ``ARENA_ID``) and the classifier's chunks sit in it (memo_exec/arena.py ``between_layers``; a review: the
+lumps of gpt-7b at 1M did not fit the GPU although the plan does). Where the replay runs out of memory the trace
+ends in PyTorch's ``oom`` entry (``{"action": "oom", "device_free", "size", ...}``, as
+``record_trace(TraceEntry::OOM, device_free, params.size(), ...)`` writes it) at the start of the failing request's
+phase, and ``memo_note`` names the request and the stream lag.
+
+A pipeline stage or an SPPO run (`_lump_snapshot`; no per-tensor replay models them): the simulator's
+allocations of the stage. The simulated run (``record``) applied its GPU allocations in an order its memory
+samples keep (one sample per allocation or free, with the bytes in use after it): the static allocations, then
+each op's allocations at its start and frees at its end. `allocation_stream` recovers that order with the tensor
+names (each sample matched to the allocation of its instant whose size it adds), so the trace's running total is
+the simulator's memory curve and its peak the simulated peak. Addresses come from memo's model of PyTorch's
+caching allocator (`memo_sim.memplan.caching_allocator`) serving the same requests in the same order, on the GPU's
+usable memory with the layout's allocator settings: where a request finds no room it frees the cached segments and
+tries again, as PyTorch does (the trace's ``segment_free`` entries), so the segments never hold more than the GPU
+has. Where even that fails (the requests are lumps of a layer's tensors, whose rounding the per-tensor replay does
+not pay) the addresses are an unbounded allocator's and ``memo_note`` says so (`memo-sim simulate` prints it as a
+warning). Under a static memory plan the arena is allocated with the static buffers and each phase's working lump
+asks the caching allocator only for what the plan leaves to it (the lump less the arena).
 
 Expandable segments (``expandable_segments:True``): PyTorch records the pages it maps and unmaps
 (c10/cuda/CUDACachingAllocator.cpp, ``map_block``: ``record_trace(TraceEntry::SEGMENT_MAP,
@@ -31,14 +39,8 @@ mapped_range.ptr, mapped_range.size, ...)``; ``unmap_block``: ``SEGMENT_UNMAP``)
 segment per contiguous mapped range (``snapshot()``: "we report one segment for each contiguous mapped range
 of memory", ``total_size`` the sum of its mapped blocks), not the virtual reservation; so does this one.
 
-A run that the whole-iteration caching-allocator replay found out of memory (the engine's failure
-"... (caching-allocator fragmentation)", with ``--allocator-lag`` or without) is cut where the replay
-failed: the trace holds the simulator's allocations before the start of the failing request's phase
-(`replay_oom_site`) and ends in PyTorch's ``oom`` entry (``{"action": "oom", "device_free", "size", ...}``,
-as ``record_trace(TraceEntry::OOM, device_free, params.size(), ...)`` writes it), and ``memo_note`` names
-the replay's request and stream lag. The lumps themselves carry no collective buffer, so the lag itself
-(``record_stream``, `memo_sim.memplan.iteration_replay.replay_stream`) shows only through that cut.
-Frames name the tensor, the layer and the phase.
+Frames name the tensor, the layer and the phase. `replay_oom_site` places a replay's failure on the simulator's
+clock (summary.json's failure).
 
 Format (PyTorch's, as ``torch.cuda._memory_viz`` reads it): ``{"segments": [...], "device_traces":
 [[...]]}``; a trace entry is ``{"action": "alloc" | "free_requested" | "free_completed" |
@@ -65,6 +67,7 @@ from memo_sim.memplan.allocator_report import AllocatorOutOfMemory
 from memo_sim.memplan.caching_allocator import AllocatorConfig, CachingAllocatorModel
 from memo_sim.memplan.iteration_replay import allocator_config, engine_replay
 from memo_sim.memplan.iteration_requests import ARENA_ID, iteration_stream
+from memo_sim.memplan.iteration_stream import MALLOC
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.profile.schema import HardwareProfile
 
@@ -208,8 +211,113 @@ def replay_oom_site(res: SimResult, profile: HardwareProfile,
 def predicted_snapshot(res: SimResult, profile: HardwareProfile | None = None, device: int = 0,
                        classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> dict:
     """The snapshot dict of ``device`` (see the module docs) on ``profile``'s GPU (None: an unbounded one).
-    ``memo_note`` says where the snapshot is not the allocator state the run would have (its lumps did not fit,
-    or the whole-iteration replay ran out of memory: the trace ends in its ``oom``)."""
+    A single-stage run's is its caching-allocator replay (`_replay_snapshot`); a pipeline stage's or an SPPO
+    run's the simulator's allocations (`_lump_snapshot`). ``memo_what`` says which; ``memo_note`` says where the
+    snapshot is not the allocator state the run would have (the replay ran out of memory: the trace ends in its
+    ``oom``; or a stage's lumps did not fit)."""
+    if res.schedule == "single_stage":
+        if res.timeline is None:
+            raise MemoError("a memory snapshot needs a recorded simulation (simulate(..., record=True))")
+        return _replay_snapshot(res, profile, classifier_chunk_tokens)
+    snap = _lump_snapshot(res, profile, device, classifier_chunk_tokens)
+    snap["memo_what"] = LUMP_WHAT
+    return snap
+
+
+LUMP_WHAT = ("the simulator's allocations of this stage (one working lump per layer phase, as its memory curve and "
+             "summary.json's peak_gpu_bytes count them; the trace's peak is that peak), served by memo's model of "
+             "PyTorch's caching allocator: not a per-tensor replay")
+
+
+def _replay_snapshot(res: SimResult, profile: HardwareProfile | None,
+                     classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> dict:
+    """A single-stage run's snapshot: the caching-allocator replay of its iteration (`iteration_stream`, the
+    requests `memo_sim.memplan.iteration_replay.replay_iteration` replays and summary.json's ``allocator`` fields
+    report, on ``profile``'s usable memory with the layout's settings and stream lag), every request of every
+    replayed iteration written as PyTorch records it, the segments as the replay leaves them. Its clock is the
+    simulator's for the reported (last) iteration: a request at its phase's first op (`_phase_start`), each
+    warm-up iteration one ``iteration_s`` before the next (so at negative times), the static requests at the first
+    one's start. A free on a collective's stream (``record_stream``) is written where it is called, though the
+    replay reuses its block only once the stream lag has passed."""
+    from memo_sim.memplan.iteration_replay import record_stream_lag, replay_stream  # noqa: PLC0415
+
+    lay, mb = res.layout, res.micro_batch or res.batch
+    stream = iteration_stream(res.model, lay, mb, res.seq, res.policy, classifier_chunk_tokens)
+    if profile is None:
+        cfg = AllocatorConfig(capacity_bytes=1 << 62, expandable_segments=lay.expandable_segments)
+    else:
+        cfg = allocator_config(profile, None, lay.expandable_segments, None, lay.alloc_conf)
+    lag = int((res.allocator or {}).get("stream_lag_layers") or 0)
+    if not lag and lay.nccl_record_stream:  # what replay_iteration replays for the layout
+        lag = record_stream_lag(res.model, lay, mb, res.seq, res.policy, classifier_chunk_tokens)
+    starts: list[float] = []
+    for k in range(stream.phases):  # a phase without an op of its own starts where the one before it did
+        ev = _phase_start(res, stream.phase_name(k), 0)
+        starts.append(max(float(ev.start) if ev is not None else 0.0, starts[-1] if starts else 0.0))
+    period = float(res.iteration_s or 0.0) or max((e.end or 0.0 for e in res.timeline.events), default=0.0)
+    trace: list[dict] = []
+    frames_of: dict[str, list[dict]] = {}
+    addr_of: dict[str, int] = {}
+    live: dict[str, int] = {}
+    seen = {"model": None, "look": (0, 0, 0), "held": {}}
+
+    def observe(m, it: int, ph: int, kind: str, bid: str, size: int) -> None:
+        seen["model"] = m
+        t_us = int(round(((it * period + starts[ph]) if it >= 0 else 0.0) * 1e6))
+        if kind == MALLOC:
+            layer = re.match(r"L(\d+)\.", bid)  # a layer's tensor (iteration_requests names them L{i}.<phase>...)
+            frames = [{"filename": f"layer {layer.group(1)}" if layer else "model",
+                       "line": 0, "name": f"{bid} ({stream.phase_name(ph) if ph >= 0 else 'static'})"}]
+            frames_of[bid], addr_of[bid], live[bid] = frames, m.address_of(bid), size
+        look = (m.reserved_bytes, m.num_cuda_malloc, m.num_cuda_free)
+        if look != seen["look"]:  # segments allocated or freed, pages mapped or unmapped
+            now = _mapped(m)
+            trace.extend(_segment_entries(seen["held"], now, t_us, frames_of[bid]))
+            seen["held"], seen["look"] = now, look
+        if kind == MALLOC:
+            trace.append({"action": "alloc", "addr": addr_of[bid], "size": size, "stream": 0, "time_us": t_us,
+                          "frames": frames_of[bid]})
+        else:
+            was = live.pop(bid)
+            for action in ("free_requested", "free_completed"):
+                trace.append({"action": action, "addr": addr_of[bid], "size": was, "stream": 0, "time_us": t_us,
+                              "frames": frames_of[bid]})
+
+    r = replay_stream(stream, cfg, policy=res.policy, stream_lag_phases=lag or None, observer=observe)
+    shift = int(round((r.iterations - 1) * period * 1e6))  # the reported iteration on the simulator's clock
+    for e in trace:
+        e["time_us"] -= shift
+    model = seen["model"] or CachingAllocatorModel(cfg)
+    snap = {"segments": _segments(model, {b: [(b, n)] for b, n in live.items()}, frames_of, 0),
+            "device_traces": [trace]}
+    planned = any(bid == ARENA_ID for _k, bid, _n in stream.static)
+    what = (f"the caching-allocator replay of one GPU's iteration: {r.iterations} iteration(s) of per-tensor "
+            f"requests after the model states and static buffers"
+            + (" (the memory plan's arena one of them)" if planned else "")
+            + f", peak allocated {r.peak_allocated_bytes} B, peak reserved {r.peak_reserved_bytes} B"
+            + ("" if planned else " (summary.json's allocator fields)")
+            + "; summary.json's peak_gpu_bytes is the simulator's curve, whose layer phases are lumps, not this "
+              "trace's peak")
+    snap["memo_what"] = what + ("; " + r.steadiness() if r.steadiness() else "")
+    ev = r.oom_event
+    if ev is not None:
+        it = r.oom_iteration if r.oom_iteration is not None else -1
+        k = ev.step - 1 - max(it, 0) * len(stream.iteration)
+        phase = stream.phase_name(stream.phase_of[k]) if it >= 0 and 0 <= k < len(stream.phase_of) else "static"
+        t = starts[stream.phase_of[k]] if phase != "static" else 0.0  # the failing iteration is the reported one
+        trace.append({"action": "oom", "device_free": int(ev.available_bytes), "size": int(ev.requested_bytes),
+                      "stream": 0, "time_us": int(round(t * 1e6)) - (shift if phase == "static" else 0),
+                      "frames": [{"filename": "model", "line": 0,
+                                  "name": f"{ev.buffer_id} ({phase}, caching-allocator replay)"}]})
+        snap["memo_note"] = (f"the caching-allocator replay of the whole iteration (stream lag {lag} layers) ran "
+                             f"out of memory at {ev.buffer_id} in phase {phase} ({int(ev.requested_bytes)} B "
+                             f"requested, {int(ev.available_bytes)} B free); the trace ends there in an oom entry")
+    return snap
+
+
+def _lump_snapshot(res: SimResult, profile: HardwareProfile | None, device: int,
+                   classifier_chunk_tokens: int) -> dict:
+    """A pipeline stage's or an SPPO run's snapshot: the simulator's allocations (`allocation_stream`, lumps)."""
     stream = _in_arena(allocation_stream(res, device), memory_plan_arena_bytes(res))
     if profile is None:
         return _snapshot(stream, AllocatorConfig(capacity_bytes=1 << 62), device)

@@ -66,14 +66,18 @@ def refuse_layout_problem(plan_file, plan: Plan, profile) -> None:
 
 
 def runnable_problems(plan: Plan, memory_plan: bool = True,
-                      traces: dict[str, RequestTrace] | None = None) -> list[str]:
-    """`plan_problems` less the profile's (`memo-exec run --profile` may name another file): the
-    policy's own plan fields and, with ``memory_plan``, MEMO's static memory plan. The executor
-    refuses a plan with the lines `memo-sim check-plan` refuses it with (``traces``: see
+                      traces: dict[str, RequestTrace] | None = None, profile=None) -> list[str]:
+    """`plan_problems` less the profile's loading (`memo-exec run --profile` may name another file): the plan's GEMM
+    format against ``profile`` (the one the run predicts with; None: the plan's own, where it loads:
+    `gemm_format_problem`), the policy's own plan fields and, with ``memory_plan``, MEMO's static memory plan. The
+    executor refuses a plan with the lines `memo-sim check-plan` refuses it with (``traces``: see
     `memory_plan_problems`)."""
     out = []
     if plan.framework not in FRAMEWORKS:  # (a review: "jax" was read, and only sweep-seq refused it, later)
         out.append(f"framework: {plan.framework!r} is not a framework memo knows; write one of {', '.join(FRAMEWORKS)}")
+    why = gemm_format_problem(plan, profile)
+    if why:
+        out.append(why)
     check = getattr(plan.policy, "check", None)  # SPPO: the subsequence plan must fit the layout and length
     why = check(plan.model, plan.layout, plan.batch, plan.seq_tokens) if check else None
     if why:
@@ -81,6 +85,38 @@ def runnable_problems(plan: Plan, memory_plan: bool = True,
     if memory_plan:
         out += memory_plan_problems(plan, traces)
     return out
+
+
+def gemm_format_problem(plan: Plan, profile=None, profile_flag: bool = False) -> str | None:
+    """The plan's GEMM format against ``profile``'s GPU (None: the plan's own profile; one that does not load is
+    `plan_problems`' to say), or None: `memo_sim.cost.gemm_format.check_gemm_format` (no peak for the format, a
+    compute capability outside it, TransformerEngine's own refusals where the plan's framework runs it), in the words
+    memo-sim simulate, explain and check-plan refuse a plan file's format with (`memo_sim.cli.common.
+    refuse_plan_gemm_format`; the plan's model.gemm_format named, not a flag; ``profile_flag``: the command takes
+    --profile, which the fix then names). Part of the contract the executor shares (a review: memo-exec run trained an
+    FP8 plan whose profile, an A100, check-plan refused)."""
+    from memo_sim.cost.gemm_format import check_gemm_format, for_profile  # noqa: PLC0415
+
+    if not plan.model.gemm.quantised:
+        return None
+    if profile is None:
+        try:
+            profile = load_profile(plan.profile)
+        except MemoError:
+            return None
+    fmt = plan.model.gemm_format
+    try:
+        check_gemm_format(plan.model, profile)
+        for_profile(plan.model, profile)  # its framework's FP8 library on this GPU (TransformerEngine's refusals)
+    except MemoError as e:
+        if "compute_capability" in str(e) or "--precision" not in str(e):  # the GPU's generation, not a missing peak
+            return f"model.gemm_format {fmt}: {e}"
+        peak = plan.model.gemm.peak
+        other = "give --profile one" if profile_flag else "set the plan's \"profile\" to one"
+        return (f"model.gemm_format {fmt}: profile {profile.name} ({profile.gpu.model}) has no {peak} peak; fix: "
+                f"{other} that lists gpu.peak_flops.{peak}, or plan afresh for this GPU (memo-sim whatif --profile "
+                f"{profile.name})")
+    return None
 
 
 EXECUTOR_TRACE_SOURCE = "memo-exec trace"  # how a memory plan placed from the executor's own trace begins its source

@@ -93,6 +93,7 @@ from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, shar
 from memo_sim.errors import MemoError
 from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import Layout, stage_shard, stages_cross_nodes
+from memo_sim.layout.schedule import ideal_bubble_fraction
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
 from memo_sim.model.config import ModelConfig
@@ -192,15 +193,6 @@ def unit_slot_bytes(policy: Policy, sk: dict) -> float:
     if not policy.offloads:
         return 0.0
     return sum(b for _n, b in policy.static_gpu(sk)) / N_BUFFERS
-
-
-def ideal_bubble_fraction(pp: int, vpp: int, micro_batches: int) -> float:
-    """The share of the iteration a stage idles with equal stage times: fill and drain add (p - 1)·W/v of idle
-    time to its v·m chunk steps of W/v each (W: a stage's work per micro-batch), so (p - 1)/(v·m + p - 1): 60 %
-    for p 4, v 1, m 2. Megatron-LM's paper (Narayanan et al. 2021, sec. 2.2) states the idle time over the work,
-    (p - 1)/(v·m) (`memo_sim.search.estimate.pipeline_bubble`), 150 % there, which is no share of anything.
-    memo-exec's pipeline report (``ideal_bubble_fraction``, memo_exec/pipeline/report.py) gives the same share."""
-    return (pp - 1) / (vpp * micro_batches + pp - 1)
 
 
 def in_flight(order: list[Step]) -> int:

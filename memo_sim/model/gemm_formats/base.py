@@ -73,6 +73,16 @@ class GemmFormat:
         scales = elements / block * self.scale_bytes if block else self.scale_bytes
         return self.copies * (elements * self.element_bytes + scales)
 
+    def cast_output_bytes(self, elements: float) -> float:
+        """Bytes one cast of an activation or an output gradient of ``elements`` elements writes beside its
+        high-precision input and holds while its GEMMs run: its ``copies`` quantised copies with their scales (two
+        1-byte copies for FP8 on Hopper, the row-wise and the column-wise / transposed one: TransformerEngine's
+        quantiser with both usages in transformer_engine/pytorch/module/linear.py ``_Linear.forward``, which drops
+        the row-wise one after the GEMM, ``inputmat.update_usage(rowwise_usage=False)``, keeping the column-wise one
+        for the weight gradient; one where ``transposed_copy`` is dropped, `memo_sim.cost.gemm_format.for_profile`).
+        The one place that says it: the traces' cast tensors (`memo_sim.cost.gemm_format.gemm_cast_buffers`)."""
+        return self.quantised_bytes(elements) if self.quantised else 0.0
+
     def cast_bytes(self, elements: float, hp_bytes: int, weight: bool = False) -> float:
         """HBM bytes of quantising ``elements`` elements of ``hp_bytes`` each: the reads (one more with an
         amax pass, and one more where an activation's column-wise copy has its own kernel) and the quantised
