@@ -169,7 +169,7 @@ def test_memplan_csv_fragmentation_is_measured_when_the_allocation_peaks(tmp_pat
     assert ca["reserved_at_peak_allocated_bytes"] == ca["peak_reserved_bytes"] == 42 << 20
     assert ca["fragmentation_at_peak"] == pytest.approx(1 - ca["peak_allocated_bytes"] / (42 << 20))
     assert ca["fragmentation_at_reserved_peak"] == pytest.approx(0.5, abs=1e-3)
-    assert "fragmentation at the peak 46.4%" in _run(["memplan", "--csv", csv]).output
+    assert "fragmentation when the allocation peaks 46.4%" in _run(["memplan", "--csv", csv]).output
 
 
 # ---- 7: memplan --precision --------------------------------------------------------------------------------------
@@ -187,3 +187,15 @@ def test_memplan_precision_is_checked_against_the_gpu_and_used():
     assert (bf16["gemm_format"], fp8["gemm_format"]) == ("bf16", "fp8-tensorwise")
     assert fp8["caching_allocator_layer"]["peak_allocated_bytes"] > bf16["caching_allocator_layer"][
         "peak_allocated_bytes"]
+
+
+def test_the_engines_allocator_summary_carries_the_replays_steadiness():
+    """The replay's steadiness reaches what explain and summary.json read (`memo_sim.engine.result.allocator_summary`):
+    explain says where no iteration was steady, with the retries of each."""
+    from memo_sim.engine.result import allocator_summary
+
+    pol = get_policy("full_recompute")
+    one = allocator_summary(replay_iteration(TOY, Layout(), 1, 2048, pol, A800, iterations=1), A800)
+    assert one["steady"] is False and one["iterations"] == 1 and one["reorganizations_by_iteration"] == [0]
+    steady = allocator_summary(replay_iteration(TOY, Layout(), 1, 2048, pol, A800), A800)
+    assert steady["steady"] is True

@@ -211,6 +211,12 @@ def add_memory_part(a: Answer, plan, res, mem, peaks: dict | None = None) -> Non
         a.line("  caching allocator, simulated replay of one iteration (torch.cuda.memory_stats() keys): "
                + ", ".join(f"{k} {fmt_bytes(v) if k.endswith('.peak') else v}" for k, v in ms.items()))
         a.line("  " + torch_words(res, ms, None if stages else mem))
+        al = res.allocator or {}
+        if al.get("steady") is False and not al.get("oom"):
+            by = ", ".join(map(str, al.get("reorganizations_by_iteration") or []))
+            a.line(f"  the replay found no steady iteration: none of its {al.get('iterations')} iterations left the "
+                   f"cache as it found it, so these counters are its last iteration's (allocation retries per "
+                   f"iteration: {by})")
     words = fragmentation_words(plan, res, mem)
     if words:
         a.line("  " + words)

@@ -224,6 +224,9 @@ def allocator_summary(replay, profile: HardwareProfile) -> dict:
             # the failure's own counts (`OomEvent`): what the answer's frag/retries cell of an OOM-frag row shows
             "oom_reserved_bytes": replay.oom_event.reserved_bytes if replay.oom_event else None,
             "oom_cached_free_bytes": replay.oom_event.cached_free_bytes if replay.oom_event else None,
+            # whether its last iteration left the cache as it found it (`IterationReplay.steadiness`)
+            "steady": replay.steady, "iterations": replay.iterations,
+            "reorganizations_by_iteration": replay.reorganizations_by_iteration,
             "memory_stats": replay.memory_stats()}
 
 

@@ -21,7 +21,7 @@ HEAD = ["level", "what it places", "peak", "lower bound", "gap", "method", "opti
 
 def _allocator_words(ca: dict) -> str:
     return (f"peak allocated {fmt_bytes(ca['peak_allocated_bytes'])}, reserved {fmt_bytes(ca['peak_reserved_bytes'])}"
-            f" (fragmentation at the peak {100 * ca['fragmentation_at_peak']:.1f}%), "
+            f" (fragmentation when the allocation peaks {100 * ca['fragmentation_at_peak']:.1f}%), "
             f"{ca['num_reorganizations']} reorganisations, {ca['num_cuda_malloc']} cudaMalloc calls"
             + (", out of memory" if ca["oom"] else ""))
 
