@@ -232,10 +232,9 @@ def _echo_after(lines: list[str]):
     return echo
 
 
-RUN_OUTPUT_FLOOR_BYTES = 160 * 1024
-"""What any run writes at least: a 1-layer, 1-step toy run wrote 170,457 bytes (its four figures
-137 KB, measured.json 15 KB), and a run's figures and rows only grow with its layers and steps; --out
-with less free space than this is refused before any work (`memo_sim.fileio.OutputFolder`)."""
+# What any run writes at least (`memo_exec.distributed.launch.RUN_OUTPUT_FLOOR_BYTES`: one value for every run path,
+# the torchrun ranks' too, which may not import this module)
+from memo_exec.distributed.launch import RUN_OUTPUT_FLOOR_BYTES  # noqa: E402
 
 
 def _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress) -> None:
@@ -389,8 +388,8 @@ def _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan) ->
 @click.option("--heads", type=click.IntRange(min=1), default=None)
 @click.option("--ffn", type=click.IntRange(min=1), default=None)
 @click.option("--vocab", type=click.IntRange(min=1), default=None)
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default=None,
-              help="model dtype (default bf16 on CUDA, fp32 on CPU)")
+@click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default=None,
+              help="model dtype (default bf16 on CUDA, fp32 on CPU; no fp16: memo-exec has no loss scaling)")
 @click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
               help="data-parallel degree of every plan (dp > 1: each plan runs on that many processes)")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,

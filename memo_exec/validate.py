@@ -118,12 +118,13 @@ class ValidationRow:
     # a multi-rank CPU run whose ranks and other processes wanted more cores than the machine has (the run's line,
     # `memo_exec.distributed.launch.oversubscription`)
     oversubscribed: str | None = None
+    ran_dtype: str | None = None  # the dtype the run trained in, memo's name (its measured.json), e.g. fp32 on a CPU
 
     def to_dict(self) -> dict:
         return {"plan": self.label, "status": self.status, "plan_file": self.plan_file, "run_dir": self.run_dir,
                 "quantities": self.quantities, "speed_probe": self.speed_probe,
                 "discarded_drifts_pct": self.discarded_drifts_pct, "moe_alltoall": self.alltoall,
-                "allocator": self.allocator, "oversubscribed": self.oversubscribed}
+                "allocator": self.allocator, "oversubscribed": self.oversubscribed, "ran_dtype": self.ran_dtype}
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -276,10 +277,19 @@ def alltoall_layer_means(rows: list[dict]) -> tuple[float | None, float | None]:
     return (sum(r["predicted_s"] for r in both) / len(both), sum(r["measured_s"] for r in both) / len(both))
 
 
+def times_apart(doc: dict) -> bool:
+    """Whether the run said its predicted times are not predictions of its device (``times_comparable`` false in
+    its --json: `memo_exec.report.times_comparable`, a GPU profile's plan run on a CPU), so that its time errors are
+    "not comparable" here as in its report.md (one rule: the run's)."""
+    return doc.get("times_comparable") is False
+
+
 def quantities_from_run(doc: dict, fallback: dict[str, float | None]) -> dict[str, dict]:
     """Per-plan rows from ``memo-exec run --json`` output: its totals (iteration time, peak device
     memory) and stream rows (busy, exposed), predicted beside measured; ``fallback`` (the
-    simulator's numbers) fills a predicted value the run's comparison lacks."""
+    simulator's numbers) fills a predicted value the run's comparison lacks. Where the run's times are not
+    comparable with the prediction (`times_apart`), each time's error is None and ``not_comparable`` true (a
+    review: a GPU profile validated on a CPU read "step-time |error| median 587004.7%")."""
     meas: dict[str, float | None] = {k: None for k, _, _ in QUANTITIES}
     pred = dict(fallback)
     tot = {r["quantity"]: r for r in doc.get("totals") or []}
@@ -297,8 +307,15 @@ def quantities_from_run(doc: dict, fallback: dict[str, float | None]) -> dict[st
     p, m = alltoall_layer_means(doc.get("moe_alltoall") or [])
     if m is not None:
         pred["alltoall_layer_s"], meas["alltoall_layer_s"] = p, m
-    return {k: {"predicted": pred[k], "measured": meas[k], "error_pct": error_pct(pred[k], meas[k])}
-            for k, _, _ in QUANTITIES}
+    apart = times_apart(doc)
+    out = {}
+    for k, unit, _ in QUANTITIES:
+        err = error_pct(pred[k], meas[k])
+        # as report.md's cells (`memo_exec.report._not_comparable`): "not comparable" where there is an error to hide
+        out[k] = ({"predicted": pred[k], "measured": meas[k], "error_pct": None, "not_comparable": True}
+                  if apart and unit == "s" and err is not None else
+                  {"predicted": pred[k], "measured": meas[k], "error_pct": err})
+    return out
 
 
 def predicted_allocator(sim, model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfile,
@@ -327,6 +344,25 @@ def measured_allocator(run_dir: Path | None) -> dict:
     except (OSError, json.JSONDecodeError) as e:
         return not_measured(f"no readable measured.json ({type(e).__name__})")
     return meta.get("allocator") or not_measured("the run's measured.json has no allocator block")
+
+
+def measured_dtype(run_dir: Path | None) -> str | None:
+    """The dtype a run trained in, memo's name (its measured.json's ``meta.dtype``, torch's name: "float32" -> "fp32"),
+    or None where it cannot be read."""
+    try:
+        name = (json.loads((Path(run_dir or "") / "measured.json").read_text()).get("meta") or {}).get("dtype")
+    except (OSError, json.JSONDecodeError):
+        return None
+    from memo_exec.device import memo_dtype_name  # noqa: PLC0415 - imports torch
+
+    return memo_dtype_name(name) if name else None
+
+
+def dtype_words(model: ModelConfig, rows: list[ValidationRow]) -> str:
+    """The model line's dtype: the plans', and the one the runs trained in where it differs (a CPU run trains fp32
+    unless told otherwise, `memo_exec.device.compute_dtype`; a review: the report read "dtype fp16" of fp32 runs)."""
+    ran = sorted({r.ran_dtype for r in rows if r.ran_dtype and r.ran_dtype != model.dtype})
+    return f"dtype {model.dtype}" + (f" (the plans'; the runs trained in {', '.join(ran)})" if ran else "")
 
 
 def allocator_comparison(predicted: dict, measured: dict) -> dict:
@@ -488,6 +524,7 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
             row.speed_probe = doc.get("speed_probe")
             row.alltoall = doc.get("moe_alltoall") or []
             row.oversubscribed = doc.get("oversubscribed")
+            row.ran_dtype = measured_dtype(run_dir)
         if progress:
             progress(done + n + 1, len(plans))
     return rows
@@ -517,6 +554,8 @@ def summarize(rows: list[ValidationRow]) -> dict:
                  "failed": sum(r.status.startswith(("OOM", "failed", "timed out")) for r in rows),
                  "oom": sum(r.status.startswith("OOM") for r in rows)}
     out["errors"] = {key: abs_error_stats([r.quantities[key]["error_pct"] for r in ran]) for key, _, _ in QUANTITIES}
+    # the plans whose run said its times are not comparable with the prediction (`times_apart`)
+    out["times_not_comparable"] = [r.label for r in ran if r.quantities["step_s"].get("not_comparable")]
     out["allocator_errors"] = {key: abs_error_stats([(r.allocator or {}).get("quantities", {}).get(key, {}).get(
         "error_pct") for r in ran]) for key, _, _ in ALLOCATOR_QUANTITIES}
     pairs = [(r.quantities["step_s"]["predicted"], r.quantities["step_s"]["measured"]) for r in ran]
@@ -539,6 +578,22 @@ def _abs_pct(v) -> str:
     return "—" if v is None else f"{v:.1f}%"
 
 
+NOT_COMPARABLE = "not comparable"  # `memo_exec.report.NOT_COMPARABLE`'s words (that module imports torch)
+
+
+def _err_cell(q: dict) -> str:
+    """A row's error cell: "not comparable" where the run said so (`times_apart`)."""
+    return NOT_COMPARABLE if q.get("not_comparable") else _pct(q["error_pct"])
+
+
+def not_comparable_words(summary: dict) -> str:
+    """Why the step times were not compared, where no run's were and some run said they are not comparable ('')."""
+    apart = summary.get("times_not_comparable") or []
+    if not apart or summary["errors"]["step_s"]["plans"]:
+        return ""
+    return summary.get("times_not_comparable_why") or "the profile describes another kind of device than the runs'"
+
+
 def summary_line(summary: dict) -> str:
     """The step-time errors in one line, in percent (error = (measured - predicted) / predicted)."""
     e = summary["errors"]["step_s"]
@@ -548,8 +603,11 @@ def summary_line(summary: dict) -> str:
            f"plans" if a.get("plans") else
            f"; MoE all-to-all per layer not compared ({summary['alltoall_not_compared']})"
            if summary.get("alltoall_not_compared") else "")
-    return (f"{summary['ran']} of {summary['plans']} plans ran ({summary['oom']} out of memory, {summary['failed']} "
-            f"failed); step-time |error| median {_abs_pct(e['median_abs_error_pct'])}, mean "
+    head = (f"{summary['ran']} of {summary['plans']} plans ran ({summary['oom']} out of memory, {summary['failed']} "
+            f"failed)")
+    if not_comparable_words(summary):
+        return f"{head}; step times {NOT_COMPARABLE}: {not_comparable_words(summary)}{a2a}"
+    return (f"{head}; step-time |error| median {_abs_pct(e['median_abs_error_pct'])}, mean "
             f"{_abs_pct(e['mean_abs_error_pct'])}, max {_abs_pct(e['max_abs_error_pct'])}; Kendall tau "
             f"{'—' if tau is None else f'{tau:.2f}'}{a2a}")
 
@@ -579,8 +637,10 @@ def alltoall_section(rows: list[ValidationRow]) -> list[str]:
         for a in r.alltoall:
             ratio = "—" if a.get("ratio") is None else f"{a['ratio']:.2f}"
             err = None if a.get("rel_error") is None else 100.0 * a["rel_error"]
+            apart = r.quantities["alltoall_layer_s"].get("not_comparable")  # `times_apart`
             out.append(f"| {r.label} | {a['layer']} | {_fmt(a['predicted_s'], 's')} | {a['predicted_count']} | "
-                       f"{_fmt(a['measured_s'], 's')} | {a['measured_count']} | {ratio} | {_pct(err)} |")
+                       f"{_fmt(a['measured_s'], 's')} | {a['measured_count']} | {ratio} | "
+                       f"{NOT_COMPARABLE if apart else _pct(err)} |")
     return out
 
 
@@ -634,7 +694,7 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
              f"{_share_text(summary.get('cpu_share'))} during the runs (`memo_exec.host_share`)",
              *_speed_lines(summary.get("speed")),
              f"- model: {model.layers} layers, h={model.hidden}, {model.heads} heads, ffn={model.ffn}, "
-             f"vocab={model.vocab}, dtype {model.dtype}"
+             f"vocab={model.vocab}, {dtype_words(model, rows)}"
              + (f", {model.experts} experts (top {model.top_k})" if model.moe else ""),
              *([f"- layout: {layout.label()} on {layout.gpus} processes (rank 0's measurements)"]
                if layout is not None and layout.gpus > 1 else []),
@@ -650,7 +710,7 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
         cells = []
         for key, unit, _ in shown:
             q = r.quantities[key]
-            cells += [_fmt(q["predicted"], unit), _fmt(q["measured"], unit), _pct(q["error_pct"])]
+            cells += [_fmt(q["predicted"], unit), _fmt(q["measured"], unit), _err_cell(q)]
         lines.append(f"| {r.label} | {r.status} | " + " | ".join(cells) + " |")
     lines += ["", "## Summary", "", f"- plans: {summary['plans']}, ran: {summary['ran']}, failed: {summary['failed']} "
               f"(out of memory: {summary['oom']})",
@@ -659,14 +719,18 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
               "", "| quantity | plans compared | median abs error | mean abs error | max abs error |",
               "|---|---:|---:|---:|---:|"]
     not_compared = summary.get("alltoall_not_compared")  # an expert-parallel validation says why, never drops it
-    for key, _, what in shown:
+    for key, unit, what in shown:
         e = summary["errors"][key]
         if key == "alltoall_layer_s" and not_compared:
             continue
-        cells = " | ".join(_abs_pct(e[k]) for k in ("median_abs_error_pct", "mean_abs_error_pct", "max_abs_error_pct"))
+        apart = not e["plans"] and any(r.quantities[key].get("not_comparable") for r in rows)
+        cells = " | ".join(NOT_COMPARABLE if apart else _abs_pct(e[k])
+                           for k in ("median_abs_error_pct", "mean_abs_error_pct", "max_abs_error_pct"))
         lines.append(f"| {what} | {e['plans']} | {cells} |")
     if not_compared:
         lines.append(f"| MoE all-to-all per layer | 0 | not compared: {not_compared} | | |")
+    if not_comparable_words(summary):
+        lines.append(f"\nTimes {NOT_COMPARABLE}: {not_comparable_words(summary)} (each run's report.md says so too).")
     if not summary["errors"]["peak_memory_bytes"]["plans"]:
         lines.append("\nPeak memory not compared: the device reports no allocator peak (a CPU run measures process "
                      "RSS, which the simulator's GPU memory model does not predict), or no plan ran.")
@@ -682,6 +746,8 @@ def alltoall_not_compared_why(rows: list[ValidationRow]) -> str:
     ran = [r for r in rows if r.status == "ran"]
     if not ran:
         return "no plan ran"
+    if any(r.quantities["alltoall_layer_s"].get("not_comparable") for r in ran):  # `times_apart`
+        return f"{NOT_COMPARABLE}: the profile describes another kind of device than the runs'"
     a2a = [a for r in ran for a in r.alltoall]
     if not a2a:
         return "no run reported an all-to-all (no ep_comm spans named as the simulator's dispatch / combine)"
@@ -788,6 +854,11 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     writing the report."""
     if not plans:
         raise ExecError("no plans to validate: give at least one sequence length and policy")
+    from memo_sim.plan.executor_scope import dtype_why_not  # noqa: PLC0415
+
+    if dtype_why_not(model):  # memo-exec refuses every such plan (a review: the runs ran fp32, the report said fp16)
+        raise ExecError(f"--dtype {model.dtype}: memo-exec does not train {model.dtype} (it needs loss scaling, which "
+                        f"memo-exec does not implement), so no run would be of the plans; give --dtype bf16 or fp32")
     check_outputs(out_dir, report_path, profile, device, record)  # before any plan is predicted, written or run
     out = Path(out_dir)
     load0 = _load_1min()
@@ -807,6 +878,10 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
     summary["allocator_notes"] = allocator_notes([p for p, r in zip(plans, rows)
                                                   if (r.allocator or {}).get("status") == "compared"])
     summary["oversubscribed"] = [r.label for r in rows if r.oversubscribed]
+    if summary["times_not_comparable"]:  # the runs' own rule said it (`times_apart`); the words name the two devices
+        summary["times_not_comparable_why"] = (
+            f"the profile {profile.name} describes a {profile.device_kind} device and the runs ran on {device}, so its "
+            f"times are predictions of another machine (calibrate this machine to validate a profile of it)")
     if model.moe and (layout or Layout()).ep > 1 and not summary["errors"]["alltoall_layer_s"]["plans"]:
         summary["alltoall_not_compared"] = alltoall_not_compared_why(rows)
     if device == "cpu":

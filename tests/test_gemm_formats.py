@@ -330,16 +330,15 @@ def test_blockwise_gemms_are_no_faster_than_tensorwise_on_hopper(profile, name):
 def test_the_executors_fp8_refusals_name_a_plan_it_runs():
     """A review: a megatron FP8 plan was told to plan with --framework torchtitan, which offers no format the executor
     runs, and a torchtitan fp8-rowwise plan to plan with fp8-tensorwise, which torchtitan refuses: every refusal
-    names the ways to a plan it runs (fp8-tensorwise under --framework any or torchtitan@2024-12, whose plans it
-    accepts)."""
+    names the ways to a plan it runs (fp8-tensorwise under --framework any, whose plans it accepts; torchtitan@2024-12's
+    torchao keeps FP8 inputs since the FSDP review of 2026-12-01)."""
     from memo_sim.plan.executor_scope import gemm_why_not
     from memo_sim.search.frameworks import get_framework
 
     lay = Layout(tp=1)
     for fw, f in (("megatron", "fp8-tensorwise"), ("torchtitan", "fp8-rowwise"), ("megatron", "mxfp8")):
         why = gemm_why_not(get_framework(fw).for_model(fmt(LLAMA, f)), lay, "single_stage")
-        assert why and why.endswith("plan with --precision bf16, or fp8-tensorwise under --framework any or "
-                                    "torchtitan@2024-12, to run it"), why
+        assert why and why.endswith("plan with --precision bf16, or fp8-tensorwise under --framework any, to run it"), why
     per_use = dataclasses.replace(fmt(LLAMA, "fp8-tensorwise"), fp8_weights_per_use=True)
     assert "fp8_weights_per_use" in gemm_why_not(per_use, lay, "single_stage")
     assert gemm_why_not(get_framework("any").for_model(fmt(LLAMA, "fp8-tensorwise")), lay, "single_stage") is None

@@ -78,9 +78,10 @@ def test_validate_reports_the_alltoall_per_layer(tmp_path):
         assert r["measured_count"] == 4 and r["predicted_count"] >= 4, r
         assert r["measured_s"] > 0 and r["predicted_s"] > 0 and r["ratio"] > 0, r
     q = row["quantities"]["alltoall_layer_s"]
-    assert q["predicted"] > 0 and q["measured"] > 0 and q["error_pct"] is not None
-    assert summary["errors"]["alltoall_layer_s"]["plans"] == 1
-    assert "MoE all-to-all per layer" in V.summary_line(summary)
+    # an H100 profile's times beside a CPU run: "not comparable", as the run's report.md says (times_comparable)
+    assert q["predicted"] > 0 and q["measured"] > 0 and q["error_pct"] is None and q["not_comparable"]
+    assert summary["errors"]["alltoall_layer_s"]["plans"] == 0
+    assert "MoE all-to-all per layer not compared (not comparable" in V.summary_line(summary)
     text = path.read_text()
     assert "## MoE all-to-all per layer" in text and "| 64 store_all | 1 |" in text
     # the run's own outputs: ep_comm spans named as the simulator's, per MoE layer, forward and backward

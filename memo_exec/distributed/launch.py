@@ -37,6 +37,10 @@ from memo_exec.errors import ExecError
 
 KILL_ENV = "MEMO_EXEC_TEST_KILL"
 DEFAULT_PG_TIMEOUT_S = 600
+RUN_OUTPUT_FLOOR_BYTES = 160 * 1024
+"""What any run writes at least (a 1-layer, 1-step toy run wrote 170,457 bytes), the floor every run path checks
+--out's free space against (`memo_sim.fileio.OutputFolder`): `staged_out` here, and `memo_exec.cli`, which imports it
+(this module may not import the CLI: a cycle)."""
 
 
 def in_torchrun() -> bool:
@@ -378,7 +382,11 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
     ``in_process``: a one-process plan whose schedule lives in the distributed executor (SPPO
     with pp = 1, gradient accumulation) runs here as a group of one, no torchrun; ``shown_out``:
     the folder the outputs written to ``out_dir`` will be moved to (for messages). Rank 0 writes every output
-    before it prints, and stops printing quietly if stdout's reader goes away (`quiet_echo`)."""
+    before it prints, and stops printing quietly if stdout's reader goes away (`quiet_echo`).
+
+    Started by torchrun itself (not in process, not by ``--nproc``'s launcher, which hands the ranks its own
+    staging folder and names --out in `OUT_ENV`), rank 0 stages the outputs as every other ``memo-exec run`` does
+    (`staged_out`): an unwritable --out is refused before any work, on every rank alike."""
     import torch.distributed as dist  # noqa: PLC0415
 
     from memo_exec.distributed.context import build_context  # noqa: PLC0415
@@ -399,8 +407,21 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
     if timeout_s <= 0:
         raise ExecError(f"--pg-timeout must be positive seconds, got {timeout_s}")
     kill = kill_point()
-    init_group(device, timeout_s, in_process)
+    by_torchrun = not in_process and OUT_ENV not in os.environ  # torchrun started this rank, not --nproc's launcher
+    outf, refused = staged_out(out_dir) if by_torchrun and rank == 0 else (None, None)
     try:
+        init_group(device, timeout_s, in_process)
+    except BaseException:
+        if outf is not None:
+            outf.discard()
+        raise
+    try:
+        if by_torchrun:
+            refused = rank0_word(refused, world, rank, timeout_s)
+        if refused:
+            raise ExecError(refused)
+        if outf is not None:  # rank 0 writes into the stage; the messages name --out
+            out_dir, shown_out = str(outf.stage), out_dir
         try:
             ctx = build_context(plan.layout, device.torch_device, timeout_s)
             ex = DistExecutor(plan, opts, ctx, device)
@@ -429,6 +450,9 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
             paths, comparison = write_outputs(res, out_dir, plan_file)
             rows = write_rank_outputs(payloads, res, out_dir, plan_file, paths, comparison)
             paths.update(schedule_outputs(ex.schedule, out_dir, plan_file, paths["report"]))
+            if outf is not None:  # every output written: moved into --out, manifest.json last, before any line
+                outf.commit()
+                outf = None
             st = res.steady
             if comparison.stale:
                 from memo_exec.report import stale_line  # noqa: PLC0415
@@ -466,7 +490,37 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
         except (RuntimeError, dist.DistError) as e:
             raise CommFailure(comm_failure_line(rank, e, timeout_s)) from None
     finally:
+        if outf is not None:  # a failed or interrupted run: --out as it was, the stage gone
+            outf.discard()
         try:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - a failed group may not tear down cleanly
             pass
+
+
+def staged_out(out_dir: str):
+    """(`memo_sim.fileio.OutputFolder`, None) for rank 0 of a run torchrun started: the outputs staged in --out as
+    `memo-exec run`'s other paths stage them (`memo_exec.cli._run_single`, the ``--nproc`` launcher), or (None, the
+    refusal's line) where --out cannot be written or lacks the room, for `rank0_word` to tell every rank."""
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.fileio import OutputFolder  # noqa: PLC0415
+
+    try:
+        return OutputFolder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES), None
+    except MemoError as e:
+        return None, str(e).splitlines()[0]
+
+
+def rank0_word(line: str | None, world: int, rank: int, timeout_s: float) -> str | None:
+    """Rank 0's ``line`` (a refusal, or None) on every rank, broadcast once the group is joined, so that every rank
+    refuses alike (one line, exit 2) and none waits on a rank that left; a failed broadcast is a `CommFailure`."""
+    if world == 1:
+        return line
+    import torch.distributed as dist  # noqa: PLC0415
+
+    box = [line]
+    try:
+        dist.broadcast_object_list(box, src=0)
+    except (RuntimeError, dist.DistError) as e:
+        raise CommFailure(comm_failure_line(rank, e, timeout_s)) from None
+    return box[0]

@@ -176,13 +176,18 @@ def check_plan(plan_file, out_format, as_json):
     binding = binding_words(plan, profile, res)
     fmt = resolve_format(out_format, as_json)
     stale = _stale_prediction(plan, res)
+    from memo_sim.plan.executor_scope import plan_why_not  # noqa: PLC0415 - the what-if's "memo-exec refuses" rule
+
+    refused = plan_why_not(plan.model, plan.layout, plan.policy, plan.schedule, plan.batch,
+                           plan.micro_batch or plan.batch, plan.seq_tokens)
     if fmt == "json":
         peaks = peak_moments(res)
         emit(Answer(), fmt, {"plan": str(plan_file), "valid": True, "fits": res.status == "OK",
                              "schedule": plan.schedule, "micro_batches": plan.micro_batches,
                              "predicted": plan.predicted.to_dict(), "simulated_status": res.status,
                              "simulated_iteration_s": res.iteration_s if res.status == "OK" else None,
-                             "stale_prediction": stale, "binding": binding, **memory_json(plan, res, mem, peaks)})
+                             "stale_prediction": stale, "binding": binding, "executor_refuses": refused,
+                             **memory_json(plan, res, mem, peaks)})
     else:
         a = Answer(_summary_verdict(plan_file, plan, res))
         if stale:  # before the stored numbers, so the re-simulation leads (a review: the stale peak on top)
@@ -190,6 +195,8 @@ def check_plan(plan_file, out_format, as_json):
         for line in _summary_lines(plan, res):
             a.line(line)
         a.line(f"  binding: {binding}")
+        if refused:  # as the what-if says it of its answer (`memo_sim.report.whatif_answer.executor_words`)
+            a.line(f"  memo-exec refuses this plan ({refused})")
         add_memory_part(a, plan, res, mem)
         a.line("(memo-sim explain PLAN: the time breakdown as well)")
         emit(a, fmt)

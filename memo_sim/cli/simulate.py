@@ -344,8 +344,9 @@ def _framework_policies(plan) -> tuple[str, ...]:
 @click.option("--seqs", default="64K,128K,256K,512K,1M", show_default=True, help="Comma-separated sequence lengths.")
 @click.option("--profile", "profile_override", default=None, help="Hardware profile (default: the plan's).")
 @click.option("--tp-mode", "tp_modes", default=None,
-              help="Comma-separated tensor-parallel flavours (megatron, metp_ffn, metp) to sweep with the plan's "
-                   "degrees; adds seq_by_tp_mode.png (peak memory and step time per mode).")
+              help="Comma-separated tensor-parallel flavours the plan's framework runs (memo's own: megatron, "
+                   "metp_ffn, metp; `memo-sim frameworks` lists each framework's) to sweep with the plan's degrees; "
+                   "adds seq_by_tp_mode.png (peak memory and step time per mode).")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
               help="Only these policies (repeatable; default: every policy the plan's schedule runs and its "
                    "framework offers).")
@@ -384,7 +385,11 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
         pols = tuple(policies) or tuple(p for p in policy_names() if (schedule_runs_policy(plan.schedule, p)
                                                                       or plan.schedule == "sppo")
                                         and prices_model(p, plan.model) and p in offered)
-    layouts = _tp_mode_layouts(plan.layout, tp_modes) if tp_modes else {plan.layout.label(): plan.layout}
+    if best_policy and not tp_modes:  # it picks a policy per --tp-mode series; without one it would do nothing
+        raise MemoError("--best-policy picks each --tp-mode series' best policy; add --tp-mode (e.g. megatron,metp) "
+                        "or drop --best-policy (the table lists every policy at each length)")
+    layouts = (_tp_mode_layouts(plan.layout, tp_modes, plan.framework) if tp_modes
+               else {plan.layout.label(): plan.layout})
     for s in lens:
         for lay in layouts.values():
             why = check_layout(lay, plan.model, lay.gpus, profile.node_gpus, s, plan.batch)
@@ -424,15 +429,19 @@ def mfu_note(model) -> str:
     return f"; MFU of the {model.dtype} peak" if mfu_peak_words(model) else ""
 
 
-def _tp_mode_layouts(layout, text: str) -> dict:
-    """The plan's degrees in each tensor-parallel flavour of ``text`` (METP turns SP on)."""
+def _tp_mode_layouts(layout, text: str, framework: str = "any") -> dict:
+    """The plan's degrees in each tensor-parallel flavour of ``text`` (METP turns SP on) that the plan's framework runs
+    (`Framework.tp_modes`, as the what-if refuses the others: a review found async_tp swept under ``any``)."""
     from dataclasses import replace
 
-    from memo_sim.tp import TP_MODES, tp_flavour
+    from memo_sim.search.frameworks import get_framework
+    from memo_sim.tp import tp_flavour
 
+    offered = get_framework(framework).tp_modes
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    if not modes or any(m not in TP_MODES for m in modes):
-        raise MemoError(f"--tp-mode: expected a comma-separated list of {', '.join(TP_MODES)}, got {text!r}")
+    if not modes or any(m not in offered for m in modes):
+        raise MemoError(f"--tp-mode: expected a comma-separated list of the TP flavours the plan's framework "
+                        f"{framework} runs ({', '.join(offered)}), got {text!r}")
     if layout.tp < 2:
         raise MemoError(f"--tp-mode: the plan's layout {layout.label()} has no tensor parallelism (tp = 1)")
     out = {}

@@ -164,8 +164,9 @@ def _simulate_top_value(ctx, param, value):
 def whatif(**options):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json.
 
-    Simulated rows (tier 2, the event simulator) are listed apart from analytic-only rows (tier 1),
-    rows that do the same thing under two policy names (memo at alpha=1 and full_offload) once.
+    One ranked table holds both tiers: the simulated rows (tier 2, the event simulator), then the
+    analytic-only rows (tier 1), its tier column saying which; --details also lists the two tiers apart.
+    Rows that do the same thing under two policy names (memo at alpha=1 and full_offload) are listed once.
 
     Exit status: 0 when a plan fits (plan.json written unless --no-plan), 3 when no candidate
     fits (no plan written, and the plan.json and plan-sppo.json an earlier what-if wrote into --out
@@ -520,8 +521,23 @@ def _train_lines(best, tokens: int | None) -> list[str]:
     if best is None or tokens is None:
         return []
     days, gpu_hours = _training_time(best, tokens)
+    n = best.layout.gpus
     return [f"training {fmt_tokens(tokens)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "
-            f"{best.layout.gpus} GPUs: {days:,.1f} days, {gpu_hours:,.0f} GPU-hours"]
+            f"{n} GPU{'s' if n != 1 else ''}: {fmt_duration(days * 86400)}, {fmt_gpu_hours(gpu_hours)} GPU-hours"]
+
+
+def fmt_duration(seconds: float) -> str:
+    """A wall time in the largest unit it reaches (days, hours, minutes, seconds): a small job reads "8.61 minutes",
+    not "0.0 days" (a review: 1B tokens on one GPU at 1.94M tokens/s, 516 s, read "0.0 days, 0 GPU-hours")."""
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}" if unit == "days" else f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def fmt_gpu_hours(h: float) -> str:
+    """GPU-hours to the unit from 100 on, else to three significant digits (0.143, not 0)."""
+    return f"{h:,.0f}" if h >= 100 else f"{h:.3g}"
 
 
 def _training_json(best, tokens: int | None) -> dict:

@@ -8,6 +8,7 @@ that does not run here, full METP's architecture check, the static memory plan's
 
 The executor builds:
 
+- the model in bf16 or fp32 (fp64 on a CPU), never fp16 (`dtype_why_not`);
 - the layer's linear GEMMs in the model's dtype or ``fp8-tensorwise`` (`EXEC_GEMM_FORMATS`,
   `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's 16-multiple shapes;
 - routed experts with expert parallelism ``ep`` over the ``alltoall``, ``allgather`` or ``deepep`` dispatcher
@@ -55,6 +56,17 @@ def rank_token_rows(micro_batch: int, seq: int, layout: Layout) -> int:
     return micro_batch * seq // (layout.cp * layout.ulysses)
 
 
+def dtype_why_not(model: ModelConfig) -> str | None:
+    """Why the executor cannot train the model's dtype, or None: fp16 training needs dynamic loss scaling, which the
+    executor does not implement: `memo_exec.device.compute_dtype` refuses it on CUDA, where a run takes the plan's
+    dtype, and a CPU run (fp32 unless --dtype) would train another precision than the plan's, silently; refused here
+    on both, before anything runs (a review: the what-if gave fp16 plans without a word of it)."""
+    if model.dtype == "fp16":
+        return (f"plan model {model.name}: dtype fp16: the executor does not train fp16 (it needs loss scaling, which "
+                f"memo-exec does not implement); plan with --dtype bf16 to run it")
+    return None
+
+
 def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int | None = None) -> str | None:
     """Why the executor cannot run the plan's GEMM format as the simulator priced it (one line), or None: formats
     it has no GEMMs for, TransformerEngine's FP8 saved inputs (the executor keeps the high-precision ones, as
@@ -66,15 +78,14 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
     if fmt == EXEC_GEMM_FORMATS[0]:
         return None
     what = f"plan model {model.name}: gemm_format {fmt}"
-    # the frameworks whose FP8 is the executor's (high-precision inputs saved, weight copies kept per step): memo's own
-    # data and torchtitan@2024-12's tensorwise Float8 (megatron keeps FP8 inputs, torchtitan now no weight copy)
+    # the framework whose FP8 is the executor's (high-precision inputs saved, weight copies kept per step): memo's own
+    # data (megatron and torchtitan@2024-12's torchao eab345c keep FP8 inputs, torchtitan now no weight copy)
     part = ("MoE experts" if model.moe else f"tp_mode {layout.tp_mode}" if layout.metp
             else "SPPO's pieces" if schedule == "sppo" else None)
     # where the parts run no FP8 GEMM in the executor at all, bf16 is the one fix (a review: a MoE model was sent to
     # fp8-tensorwise under any, which the next line refuses for its experts)
     fix = ("plan with --precision bf16 to run it" if part else
-           f"plan with --precision bf16, or {EXEC_GEMM_FORMATS[1]} under --framework any or torchtitan@2024-12, "
-           "to run it")
+           f"plan with --precision bf16, or {EXEC_GEMM_FORMATS[1]} under --framework any, to run it")
     if fmt not in EXEC_GEMM_FORMATS:
         return f"{what}: the executor runs {', '.join(EXEC_GEMM_FORMATS)} GEMMs only; {fix}"
     if model.fp8_saved_inputs:
@@ -236,12 +247,13 @@ def data_parallel_why_not(layout: Layout, model: ModelConfig) -> str | None:
 def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batch: int, micro_batch: int,
                  seq: int) -> str | None:
     """The first refusal of `memo-exec run` the plan alone decides (module docs), or None: a static memory plan
-    for a policy without one of its own (``policy``: the plan's `memo_sim.policy` object), compiled kernels, a
-    ring with merge passes, multi-token-prediction modules beyond the executor's (`MTP_SCHEDULES`, Megatron TP), the
-    GEMM format, the attention and the MoE layers (`gemm_why_not`, `moe_why_not`), a MoE model or a split stage
-    under SPPO (`sppo_why_not`), the data parallelism (`data_parallel_why_not`) and the split over the ranks
-    (`split_why_not`). Not here (the executor's own, from its built parts): full METP's architecture, a schedule's
-    split of the layers, an attention backend the device lacks."""
+    for a policy without one of its own (``policy``: the plan's `memo_sim.policy` object), compiled kernels, the
+    model's dtype (`dtype_why_not`), a ring with merge passes, multi-token-prediction modules beyond the
+    executor's (`MTP_SCHEDULES`, Megatron TP), the GEMM format, the attention and the MoE layers (`gemm_why_not`,
+    `moe_why_not`), a MoE model or a split stage under SPPO (`sppo_why_not`), the data parallelism
+    (`data_parallel_why_not`) and the split over the ranks (`split_why_not`). Not here (the executor's own, from
+    its built parts): full METP's architecture, a schedule's split of the layers, an attention backend the device
+    lacks."""
     lab = layout.label()
     if layout.memory_plan and not policy.static_memory_plan:
         return (f"plan layout {lab}: memory_plan: a static memory plan for the {policy.name} policy is priced by the "
@@ -262,7 +274,8 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
                     else f"hidden {model.hidden} not divisible by tp = {layout.tp}")
             return (f"{head} with {what}: the executor splits a module's projection and runs its layer with Megatron "
                     f"TP only (hidden divisible by tp); plan with --tp-mode megatron, or with --mtp-layers 0")
-    why = (ring_merge_why_not(layout) or gemm_why_not(model, layout, schedule, rank_token_rows(micro_batch, seq, layout))
+    why = (dtype_why_not(model) or ring_merge_why_not(layout)
+           or gemm_why_not(model, layout, schedule, rank_token_rows(micro_batch, seq, layout))
            or attention_why_not(model, layout, schedule) or moe_why_not(model, layout) or ffn_why_not(model))
     if why is None and model.moe and schedule == "sppo":
         why = (f"plan model {model.name}: experts = {model.experts}: SPPO's pieces run dense layers only; plan MoE "

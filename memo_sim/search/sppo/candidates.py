@@ -92,6 +92,10 @@ def summarize(search: SppoSearch, candidates: list) -> dict:
            "heuristic": _summary_of(heur) if heur else None, "best": _summary_of(best) if best else None,
            "analytic_best": search.best.to_dict() if search.best else None}
     if heur is not None and best is not None and heur.status == "OK":
-        out["heuristic_tgs_fraction_of_best"] = heur.tgs / best.tgs if best.tgs else None
-        out["compared_on"] = "simulated" if heur.simulated and best.simulated else "analytic"
+        # Like with like: `Candidate.tgs` is simulated where tier 2 ran and analytic elsewhere, so a heuristic
+        # left analytic beside a simulated best would be divided across tiers; both simulated, else both analytic.
+        on_sim = heur.simulated is not None and best.simulated is not None
+        h, b = (heur.tgs, best.tgs) if on_sim else (heur.estimate.tgs, best.estimate.tgs)
+        out["heuristic_tgs_fraction_of_best"] = h / b if b else None
+        out["compared_on"] = "simulated" if on_sim else "analytic"
     return out
