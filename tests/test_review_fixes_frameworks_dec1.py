@@ -123,7 +123,7 @@ def test_frameworks_json_has_every_field_and_the_text_says_them():
     ds = CliRunner().invoke(cli, ["frameworks", "deepspeed"]).output
     assert "TP no, ring CP no" in ds and "beside ZeRO 0, 1, 2 only" in ds
     tt = CliRunner().invoke(cli, ["frameworks", "torchtitan"]).output
-    assert "DDP (ZeRO 0), FSDP2 (ZeRO 3)" in tt and "ZeRO 0, 3 (fsdp)" not in tt
+    assert "ZeRO 0 as FSDP2 over a shard group of one, FSDP2 (ZeRO 3)" in tt and "ZeRO 0, 3 (fsdp)" not in tt
     assert "shards over the CP ranks" in tt and "TP x CP x the FSDP shard group" in tt
     assert "multi-token prediction no" in tt and "at least as many micro-batches as stages" in tt
 

@@ -175,3 +175,22 @@ def test_the_uneven_split_error_lists_no_middle_stage_at_pp_2():
     why = virtual_split_why_not(8, 2, 2, first=3)
     assert why == "the stages' layer counts (3 first, 5 last) must each divide over the 2 model chunks of a rank"
     assert "5 between" in virtual_split_why_not(13, 3, 2, first=3)  # pp 3: 3 first, 5 between, 5 last
+
+
+def test_zero_beside_stages_refusal_names_a_way_maxseq_takes():
+    """A review: maxseq's refusal of ZeRO 2 with pp suggested "dp_mode fsdp", an option maxseq does not have; the way
+    every command takes is --framework torchtitan (FSDP beside stages)."""
+    r = CliRunner().invoke(cli, ["maxseq", "--layers", "8", "--hidden", "256", "--heads", "8", "--ffn", "1024",
+                                 "--vocab", "1024", "--gpus", "4", "--pp", "2", "--dp", "2", "--zero", "2",
+                                 "--policy", "store_all", "--step", "2K"])
+    assert r.exit_code == 2 and "--framework torchtitan" in r.output and "dp_mode" not in r.output, r.output
+
+
+def test_old_megatrons_warm_up_note_counts_what_memo_counts():
+    """A review: the megatron@2021-2023 note said stage s held max(0, 2s + 2 - p) chunks more than memo counts (the
+    last stage p more); memo counts 8, 8, 7, 5 at p 4, v 2, m 4 against the all-warm-up p·v = 8: 2s + 1 - p."""
+    from memo_sim.search.frameworks import get_framework
+
+    for name in ("megatron@2021", "megatron@2022", "megatron@2023"):
+        note = " ".join(get_framework(name).sources)
+        assert "max(0, 2s + 1 - p)" in note and "(the last stage p - 1 more)" in note, name

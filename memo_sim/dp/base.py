@@ -63,8 +63,9 @@ class DPFlavour:
         ZeRO's stages 2 and 3 shard what a stage keeps whole over its micro-batches (its gradients
         and the weights every micro-batch reads), which memo does not price."""
         if layout.zero > 1:
+            # a way every command takes: the what-if's --dp-mode is not maxseq's (a review), --framework is
             return ("pipeline stages keep their own layers' weights and gradients: ZeRO at most 1 with pp "
-                    "(or FSDP, dp_mode fsdp, as torchtitan runs it beside pipeline stages)")
+                    "(or FSDP beside pipeline stages, as torchtitan runs it: --framework torchtitan)")
         return None
 
     def pipeline_grad_bytes(self, recipe) -> int:
