@@ -96,8 +96,7 @@ def _check_capability(model: ModelConfig, profile: HardwareProfile) -> None:
     (`TE_BELOW_CAPABILITY`)."""
     fmt = model.gemm_format
     cc, need = profile.gpu.compute_capability, MIN_CAPABILITY.get(fmt)
-    te = model.fp8_saved_inputs and not model.fp8_sp_gathers  # TransformerEngine runs it (`for_profile`)
-    top = TE_BELOW_CAPABILITY.get(fmt) if te else None
+    top = TE_BELOW_CAPABILITY.get(fmt) if runs_transformer_engine(model) else None
     if cc is None or ((need is None or cc >= need) and (top is None or cc < top)):
         return
     where, fix = format_given(model)
@@ -244,6 +243,13 @@ def fp8_gemm_any_layout(profile: HardwareProfile) -> bool:
     return cc is not None and ((10, 0) <= cc < (12, 0) or cc >= (13, 0))
 
 
+def runs_transformer_engine(model: ModelConfig) -> bool:
+    """Whether the model's framework runs its FP8 GEMMs in TransformerEngine: it keeps the GEMM inputs' quantised
+    copies (``fp8_saved_inputs``) and does not all-gather them under TP, as torchao's Float8 TP styles do
+    (``fp8_sp_gathers``: torchtitan@2024-12's torchao keeps them too). `for_profile` and `_check_capability`."""
+    return bool(model.fp8_saved_inputs and not model.fp8_sp_gathers)
+
+
 def for_profile(model: ModelConfig, profile: HardwareProfile) -> ModelConfig:
     """``model`` as its framework's FP8 library runs it on the profile's GPU: TransformerEngine (the framework that
     keeps the GEMM inputs' quantised copies, ``fp8_saved_inputs``) writes no transposed copy of a per-tensor-scaled
@@ -256,8 +262,7 @@ def for_profile(model: ModelConfig, profile: HardwareProfile) -> ModelConfig:
     TransformerEngine refuses on the GPU (`TE_BELOW_CAPABILITY`) is refused here (one line), where the framework's
     library is first known (the what-if after `Framework.for_model`, the commands that price a plan file)."""
     _check_capability(model, profile)  # the framework's library known here: TransformerEngine's own refusals
-    single = (model.gemm.transposed_copy and model.fp8_saved_inputs and not model.fp8_sp_gathers
-              and fp8_gemm_any_layout(profile))
+    single = model.gemm.transposed_copy and runs_transformer_engine(model) and fp8_gemm_any_layout(profile)
     return model if model.fp8_transposes != single else replace(model, fp8_transposes=not single)
 
 
