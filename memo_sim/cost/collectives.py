@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from memo_sim.profile.schema import COLLECTIVES, HardwareProfile, Link
-from memo_sim.layout.parallel import Layout, group_spans_nodes, placed_gpus
+from memo_sim.layout.parallel import Layout, expert_group_placements, group_spans_nodes, placed_gpus
 
 
 def ring_allgather_time(size: float, g: int, bw: float, lat: float) -> float:
@@ -107,6 +107,31 @@ def layout_group_link(profile: HardwareProfile, layout: Layout, size: int, strid
     """`group_link` of a group inside the layout's tp x ulysses x cp block (TP, Ulysses, CP), every group of the
     job looked at (`memo_sim.layout.parallel.placed_gpus`: a stage shard's whole layout's)."""
     return group_link(profile, size, stride, placed_gpus(layout))
+
+
+def alltoall_rank_time(size: float, g: int, local: int, profile: HardwareProfile) -> float:
+    """One rank's all-to-all of ``size`` bytes over a group of ``g`` ranks, ``local`` of them (itself included) on
+    its node: the ``local - 1`` peers' shares over NVLink and the ``g - local`` others' over the inter-node link, at
+    the same time (NCCL's all-to-all posts every peer's send and receive at once), so the longer of the two. A
+    group inside a node is the plain all-to-all on NVLink."""
+    if local >= g:
+        return alltoall_time(size, g, *link_params(profile.nvlink, "all_to_all"))
+    nv_bw, nv_lat = link_params(profile.nvlink, "all_to_all")
+    ib_bw, ib_lat = link_params(profile.internode, "all_to_all")
+    t_nv = (local - 1) * (nv_lat + size / (g * nv_bw))
+    t_ib = (g - local) * ib_lat + size * (g - local) / (g * ib_bw)
+    return max(t_nv, t_ib)
+
+
+def group_alltoall_time(size: float, g: int, stride: int, layout: Layout, profile: HardwareProfile) -> float:
+    """An all-to-all of ``size`` bytes per rank over groups of ``g`` ranks ``stride`` apart in a stage's GPU
+    order (Ulysses: ``ulysses`` ranks ``tp`` apart; expert parallelism: ``ep`` ranks ``etp`` apart): the slowest
+    rank of every group of the layout (`memo_sim.layout.parallel.expert_group_placements`: a group across a node
+    boundary has ranks with few peers on their node), each `alltoall_rank_time`."""
+    if g <= 1:
+        return 0.0
+    locals_ = {c for p in expert_group_placements(layout, g, stride, profile.node_gpus) for c in p}
+    return max(alltoall_rank_time(size, g, c, profile) for c in locals_)
 
 
 def link_kind(profile: HardwareProfile, link: Link) -> str:

@@ -187,8 +187,9 @@ def _sp_regather(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq
 def _ulysses_alltoall(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                       phase: str, width: int, name: str) -> OpCost:
     size = tokens_per_gpu(layout, batch, seq) * width * DTYPE_BYTES[model.dtype] / layout.tp
-    link = coll.layout_group_link(profile, layout, layout.ulysses, layout.tp)
-    t = coll.alltoall_time(size, layout.ulysses, *coll.link_params(link, "all_to_all"))
+    # a group across nodes sends only its off-node peers' shares over the inter-node link, the others' over
+    # NVLink at the same time (`coll.group_alltoall_time`, as expert parallelism's all-to-all)
+    t = coll.group_alltoall_time(size, layout.ulysses, layout.tp, layout, profile)
     return OpCost(name, "collective", phase, "comm", t, nbytes=size)
 
 

@@ -124,27 +124,11 @@ def step_link(step_group: str, layout: Layout, profile: HardwareProfile) -> Link
     return profile.internode if spans else profile.nvlink
 
 
-def _alltoall_rank_time(size: float, g: int, local: int, profile: HardwareProfile) -> float:
-    """An EP rank's all-to-all of ``size`` bytes with ``local`` of the group's ``g`` ranks (itself included) on
-    its node (module docs)."""
-    if local >= g:
-        return coll.alltoall_time(size, g, *coll.link_params(profile.nvlink, "all_to_all"))
-    nv_bw, nv_lat = coll.link_params(profile.nvlink, "all_to_all")
-    ib_bw, ib_lat = coll.link_params(profile.internode, "all_to_all")
-    t_nv = (local - 1) * (nv_lat + size / (g * nv_bw))
-    t_ib = (g - local) * ib_lat + size * (g - local) / (g * ib_bw)
-    return max(t_nv, t_ib)
-
-
 def ep_alltoall_time(size: float, layout: Layout, profile: HardwareProfile) -> float:
-    """An all-to-all of ``size`` bytes per rank over the EP group: the peers on the node over NVLink,
-    the others over the inter-node link, both at once (module docs); the slowest rank of every EP group of the
-    layout (`group_placements`: a group across a node boundary has ranks with few peers on their node)."""
-    g = layout.ep
-    if g <= 1:
-        return 0.0
-    locals_ = {c for p in group_placements("ep", layout, profile) for c in p}  # EP peers on a rank's node, self in
-    return max(_alltoall_rank_time(size, g, c, profile) for c in locals_)
+    """An all-to-all of ``size`` bytes per rank over the EP group (``ep`` ranks ``etp`` apart): the peers on the
+    node over NVLink, the others over the inter-node link, both at once, the slowest rank of every EP group of the
+    layout (`memo_sim.cost.collectives.group_alltoall_time`, which Ulysses' all-to-all reads too)."""
+    return coll.group_alltoall_time(size, layout.ep, layout.etp, layout, profile)
 
 
 def nodes_hit(nodes: int, top_k: int, groups: int = 0, group_topk: int = 0) -> float:
