@@ -169,17 +169,12 @@ def maxseq_answer(model, gpus, profile, framework, step, answers, elapsed_s, fix
 
 
 def _past_failure_words(ans) -> str:
-    """The grid lengths past the first failure that fit after all, or how far past it the search looked
-    (`memo_sim.search.maxseq._past_failure`; a review: 480K answered, 544K and 640K fit)."""
-    if ans.looked_past_failure_to is None:
-        return ""
-    if ans.fits_past_failure:
-        return (f"longer lengths fit past a failure: {', '.join(fmt_count(n) for n in ans.fits_past_failure)} "
-                f"(analytic and the caching allocator's replay, not simulated; fitting is not monotone under the "
-                f"caching allocator, whose segments fall differently at each length; looked up to "
-                f"{fmt_count(ans.looked_past_failure_to)})")
-    return (f"no longer length fits past the failure, up to {fmt_count(ans.looked_past_failure_to)} (the caching "
-            f"allocator's replay is not monotone in the length: a few steps past the failure were tried)")
+    """The grid lengths past the first failure that fit after all, the lengths looked at and why the scan stopped
+    (`memo_sim.search.maxseq.past_failure_words`; reviews: 480K answered, 544K and 640K fit; 1.8125M reported past
+    a failure where every 32K up to 1.96875M fits)."""
+    from memo_sim.search.maxseq import past_failure_words  # noqa: PLC0415  (the command imports the search lazily)
+
+    return past_failure_words(ans)
 
 
 def _row_name(ans, answers) -> str:

@@ -6,7 +6,7 @@ names its tier as a what-if row does."""
 from __future__ import annotations
 
 from memo_sim.report.formats import Answer
-from memo_sim.report.peaks import SIMULATED, allocator_of, result_peak, tier_cell
+from memo_sim.report.peaks import SIMULATED, Peak, allocator_of, result_peak, tier_cell
 from memo_sim.units import fmt_bytes, fmt_time
 
 RUN_HEAD = ["status", "tier", "iter (sim)", "MFU", "TGS", "peak GPU (sim)", "allocator", "host/node", "copy stall",
@@ -29,13 +29,22 @@ def _stalls(r) -> str:
     return f"{a['reorganizations']} reorg., {fmt_time(a['stall_s'])}"
 
 
+def allocator_words(r) -> str:
+    """Who placed a simulated run's transients, in explain's words (`memo_sim.report.peaks.Peak.allocator_words`):
+    a run no caching-allocator replay reserved (a micro-batch pipeline's, SPPO's: ``"replayed": False``) reads
+    ``allocated: no caching-allocator replay``, failed or not (a review: an SPPO row read 'caching allocator' beside
+    'allocator stalls: not replayed')."""
+    replayed = (getattr(r, "allocator", None) or {}).get("replayed") is not False
+    return Peak(0.0, SIMULATED, allocator_of(r.policy, r.layout), replayed).allocator_words
+
+
 def run_cells(r) -> list[str]:
     """One simulated run's cells under `RUN_HEAD`."""
     if not r.ok:
-        return [r.status, RUN_TIER, "-", "-", "-", "-", allocator_of(r.policy, r.layout), "-", "-", "-"]
+        return [r.status, RUN_TIER, "-", "-", "-", "-", allocator_words(r), "-", "-", "-"]
     p = result_peak(r)
     return [r.status, RUN_TIER, fmt_time(r.iteration_s), f"{100 * r.mfu:.1f}%", f"{r.tgs:.0f}", fmt_bytes(p.bytes),
-            p.allocator, fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s), _stalls(r)]
+            p.allocator_words, fmt_bytes(r.peak_host_bytes_per_node), fmt_time(r.exposed_copy_s), _stalls(r)]
 
 
 def runs_answer(verdict: str, key_head: list[str], keyed_runs: list[tuple[list[str], object]]) -> Answer:
@@ -44,5 +53,5 @@ def runs_answer(verdict: str, key_head: list[str], keyed_runs: list[tuple[list[s
     a.table(key_head + RUN_HEAD, [keys + run_cells(r) for keys, r in keyed_runs])
     for keys, r in keyed_runs:
         if not r.ok:
-            a.line(f"  {' '.join(k.strip() for k in keys)}: {r.failure.message()} (simulated, {allocator_of(r.policy, r.layout)})")
+            a.line(f"  {' '.join(k.strip() for k in keys)}: {r.failure.message()} (simulated, {allocator_words(r)})")
     return a

@@ -4,8 +4,9 @@ Fit is monotone in the sequence length on paper (`tests/test_fit_monotone.py`), 
 doubling the length until nothing fits and bisecting between the last fit and the first
 failure: O(log(max / step)) what-if rankings per policy instead of one per step. The caching
 allocator's replay is not monotone (its segments fall differently at each length), so with
-``allocator="caching"``, where the first failing length failed in that replay (`_replay_failed`), a few grid
-lengths past it are tried as well (`_past_failure`) and the ones that fit are reported beside the answer
+``allocator="caching"``, where the first failing length failed in that replay (`_replay_failed`), the grid
+lengths past it are scanned as well (`_past_failure`: until `PAST_FAILURE_STEPS` lengths in a row fail above the
+longest that fits, at most `PAST_FAILURE_MAX_STEPS` lengths) and the ones that fit are reported beside the answer
 (``fits_past_failure``), not as it. At the
 longest length the best plan is simulated for its MFU (the what-if's proved-bound tier); where the
 event simulator runs no plan there (its own allocator and schedule can run out of memory where the
@@ -59,10 +60,14 @@ class MaxSeqAnswer:
     binding: str  # what fails at next_seq, in words
     allocator: str = "caching"  # the what-if's --allocator this answer searched with
     states_alone: bool = False  # not one step fits, and every candidate's model states alone exceed its GPU
-    # the grid lengths past the first failure (`PAST_FAILURE_STEPS`) that fit (analytic and the replay, not
-    # simulated), and the longest length looked at there (None: not looked)
+    # the grid lengths past the first failure that fit (analytic and the replay, not simulated: `_past_failure`),
+    # the longest length looked at there (None: not looked), whether the scan stopped at its cap
+    # (`PAST_FAILURE_MAX_STEPS`) rather than after `PAST_FAILURE_STEPS` failing lengths above the longest fit, and
+    # the failing length it looked past (the bisection's; ``next_seq`` is lower where the event simulator binds)
     fits_past_failure: tuple[int, ...] = ()
     looked_past_failure_to: int | None = None
+    past_failure_capped: bool = False
+    looked_past: int | None = None
 
     def to_json(self) -> dict:
         b = self.best
@@ -72,7 +77,8 @@ class MaxSeqAnswer:
                 "next_seq_tokens": self.next_seq, "binding": self.binding,
                 "fits_past_failure_tokens": list(self.fits_past_failure),
                 "longest_fit_past_failure_tokens": max(self.fits_past_failure, default=None),
-                "looked_past_failure_to_tokens": self.looked_past_failure_to}
+                "looked_past_failure_to_tokens": self.looked_past_failure_to,
+                "past_failure_capped": self.past_failure_capped, "looked_past_tokens": self.looked_past}
 
 
 def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", fixed=None) -> list[Candidate] | str:
@@ -335,7 +341,8 @@ def _max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: st
     ans = _simulated_answer(model, gpus, profile, policy, step, framework, simulate, allocator, fixed, lo, hi, fail)
     if past is None:
         return ans
-    return replace(ans, fits_past_failure=tuple(k * step for k in past[0]), looked_past_failure_to=past[1] * step)
+    return replace(ans, fits_past_failure=tuple(k * step for k in past[0]), looked_past_failure_to=past[1] * step,
+                   past_failure_capped=past[2], looked_past=hi * step)
 
 
 def _replay_failed(cands) -> bool:
@@ -349,17 +356,64 @@ def _replay_failed(cands) -> bool:
                                               for c in cands)
 
 
-PAST_FAILURE_STEPS = 4  # grid lengths tried past the first failure, at most (and no more than +25% of it)
+PAST_FAILURE_STEPS = 4  # failing grid lengths in a row above the longest fit that end the scan (at most +25% of it)
+PAST_FAILURE_MAX_STEPS = 64  # grid lengths looked at past the first failure, at most: one ranking (and replays) each
 
 
-def _past_failure(hi: int, fits) -> tuple[list[int], int]:
-    """(the steps past the first failing one, ``hi`` steps, that ``fits(steps)``, the last step looked at): up to
-    `PAST_FAILURE_STEPS` steps or +25% of ``hi``, whichever is fewer (at least one). Fitting is monotone in the
-    length on paper and on a static memory plan (`tests/test_fit_monotone.py`), not in the caching allocator's
-    replay, whose segments fall differently at each length (a review: full_recompute tp4 cp2 on 8 A800s fails the
-    replay at 512K, fits at 544K and 640K; the bisection answered 480K)."""
-    last = min(hi + PAST_FAILURE_STEPS, max(hi + 1, (hi * 5) // 4), MAX_STEPS)
-    return [k for k in range(hi + 1, last + 1) if fits(k)], last
+def _past_failure(hi: int, fits) -> tuple[list[int], int, bool]:
+    """(the steps past the first failing one, ``hi`` steps, that ``fits(steps)``, the last step looked at, whether
+    the scan stopped at its cap). Steps are tried one by one from ``hi + 1``; the scan ends after `_look_ahead`
+    failing steps in a row above the longest fit so far (``hi`` before any fits): `PAST_FAILURE_STEPS`, or +25% of
+    that length where fewer (at least one), so a fit found past the failure restarts the look-ahead from there. It
+    stops at `PAST_FAILURE_MAX_STEPS` steps past ``hi`` (or `MAX_STEPS`) at most: the cost bound, said with the
+    answer (`past_failure_words`). Fitting is monotone in the length on paper and on a static memory plan
+    (`tests/test_fit_monotone.py`), not in the caching allocator's replay, whose segments fall differently at each
+    length (reviews: full_recompute tp4 cp2 on 8 A800s fails the replay at 512K, fits at 544K and 640K, and the
+    bisection answered 480K; checkpoint_offload cp8 z3 on 8 H100s fails at 1728K, fits at 1824K-2016K, and a scan
+    that ended 4 steps past the failure, at 1856K, reported 1856K)."""
+    found: list[int] = []
+    top, k = hi, hi  # top: the longest fit so far (hi before one); k: the last step looked at
+    cap = min(hi + PAST_FAILURE_MAX_STEPS, MAX_STEPS)
+    while k < top + _look_ahead(top):
+        if k >= cap:
+            return found, k, True
+        k += 1
+        if fits(k):
+            found.append(k)
+            top = k
+    return found, k, False
+
+
+def _look_ahead(k: int) -> int:
+    """How many failing steps in a row above ``k`` steps end `_past_failure`'s scan: `PAST_FAILURE_STEPS`, or a
+    quarter of ``k`` where fewer, at least one."""
+    return max(1, min(PAST_FAILURE_STEPS, k // 4))
+
+
+def past_failure_words(ans: MaxSeqAnswer) -> str:
+    """What `_past_failure` looked at past the first failing length and what fit there, in words ("" where it did
+    not look): the grid lengths that fit, the range scanned and why the scan stopped (`PAST_FAILURE_STEPS`
+    failing lengths in a row above the longest fit, or its cap, past which a longer length may still fit)."""
+    to = ans.looked_past_failure_to
+    if to is None:
+        return ""
+    after = ans.looked_past or ans.next_seq
+    start = after + ans.step
+    scanned = (f"looked at every {fmt_count(ans.step)} from {fmt_count(start)} up to {fmt_count(to)}"
+               if to > start else f"looked at {fmt_count(to)}")
+    if ans.past_failure_capped:
+        why = (f"the scan stops at {PAST_FAILURE_MAX_STEPS} lengths past the failure, so a longer length may still "
+               f"fit")
+    else:
+        top = max(ans.fits_past_failure, default=after)
+        n = (to - top) // ans.step
+        why = f"the scan stops after {n} failing length{'s' if n != 1 else ''} in a row above {fmt_count(top)}"
+    monotone = ("the caching allocator's replay is not monotone in the length: its segments fall differently at "
+                "each length")
+    if ans.fits_past_failure:
+        return (f"longer lengths fit past a failure: {', '.join(fmt_count(n) for n in ans.fits_past_failure)} "
+                f"(analytic and the caching allocator's replay, not simulated; {monotone}; {scanned}; {why})")
+    return f"no longer length fits past the failure ({monotone}; {scanned}; {why})"
 
 
 def _simulated_answer(model, gpus, profile, policy, step, framework, simulate, allocator, fixed, lo: int, hi: int,

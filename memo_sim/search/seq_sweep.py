@@ -76,9 +76,10 @@ def in_order(calls: list[Callable[[], T]], jobs: int = 1, done: Callable[[], Non
 def policy_run(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: str, profile: HardwareProfile,
                schedule: str | None = None, micro_batch: int | None = None) -> SimResult:
     """``policy`` (a name) on ``layout`` at ``seq`` tokens, simulated (one run of ``memo-sim sweep-seq``): SPPO
-    as its best plan for this layout and length, a policy that takes an alpha (MEMO) at its solved alpha (0
-    where the solver finds none), the others under ``schedule`` (None: the policy's own) in micro-batches of
-    ``micro_batch`` sequences."""
+    as the what-if's SPPO search finds it for this layout and length (`memo_sim.search.sppo.resolve_for_layout`:
+    the same N, partition and multiplexing, so a plan-sppo.json comes back as written at its own length), a policy
+    that takes an alpha (MEMO) at its solved alpha (0 where the solver finds none), the others under ``schedule``
+    (None: the policy's own) in micro-batches of ``micro_batch`` sequences."""
     from memo_sim.engine.simulate import simulate  # noqa: PLC0415 - looked up at the call, as the command did
     # (tests/test_output_sets.py replaces the engine's simulate to see that no run starts before --out is checked)
 

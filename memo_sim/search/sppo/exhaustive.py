@@ -11,9 +11,9 @@ from memo_sim.layout.parallel import Layout, enumerate_pipeline_layouts
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.sppo import Sppo
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.search.sppo.grid import subseq_grid
+from memo_sim.search.sppo.grid import search_points
 from memo_sim.search.sppo.heuristic import heuristic_choice
-from memo_sim.search.sppo.points import MULTIPLEX_MAX_PP, SppoPoint, _rank_key
+from memo_sim.search.sppo.points import SppoPoint, _rank_key
 from memo_sim.search.sppo.solve import _lower_bound, bound_plan, point_alive, solve_point
 
 
@@ -76,15 +76,9 @@ def exhaustive_search(model: ModelConfig, seq: int, gpus: int, profile: Hardware
     rest shares the bounding pass with the parent process: `memo_sim.search.sppo.shared_bounds`)."""
     layouts, rejected = enumerate_pipeline_layouts(model, gpus, profile.node_gpus, seq, tp=tp, pp=pp, dp=dp,
                                                    zero=zero)
-    points: list[tuple[Layout, int, str, bool]] = []
-    for lay in layouts:
-        ns = [subseqs] if subseqs else subseq_grid(seq, lay.tp)
-        for n in ns:
-            for part in partitions:
-                for mux in multiplex:
-                    if mux and not 1 < lay.pp <= MULTIPLEX_MAX_PP:
-                        continue
-                    points.append((lay, n, part, mux))
+    # each layout's points as one fixed layout's search tries them (`search_points`, `solve.resolve_for_layout`)
+    points: list[tuple[Layout, int, str, bool]] = [(lay, *p) for lay in layouts
+                                                   for p in search_points(lay, seq, subseqs, partitions, multiplex)]
     size = len(points)
     pricing = Pricing(model, batch, seq, profile, points)
     values = bounds(pricing) if bounds is not None else [pricing.price(i) for i in range(size)]

@@ -1,11 +1,12 @@
-"""The subsequence counts N the searches try."""
+"""The subsequence counts N the searches try, and the (N, partition, multiplex) points of one layout."""
 
 from __future__ import annotations
 
 import math
 
-from memo_sim.cost.sppo import EFFICIENT_TOKENS_PER_DEVICE
-from memo_sim.search.sppo.points import MAX_SUBSEQS, MIN_TOKENS_PER_DEVICE
+from memo_sim.cost.sppo import EFFICIENT_TOKENS_PER_DEVICE, PARTITIONS
+from memo_sim.layout.parallel import Layout
+from memo_sim.search.sppo.points import MAX_SUBSEQS, MIN_TOKENS_PER_DEVICE, MULTIPLEX_MAX_PP
 
 
 def subseq_grid(seq: int, sp: int, lo_tokens: int = MIN_TOKENS_PER_DEVICE, max_n: int = MAX_SUBSEQS) -> list[int]:
@@ -26,3 +27,15 @@ def efficient_subseqs(seq: int, sp: int) -> list[int]:
     if inside:
         return inside
     return [min(grid, key=lambda n: min(abs(math.log2(seq / (n * sp) / lo)), abs(math.log2(seq / (n * sp) / hi))))]
+
+
+def search_points(layout: Layout, seq: int, subseqs: int | None = None, partitions: tuple[str, ...] = PARTITIONS,
+                  multiplex: tuple[bool, ...] = (False, True)) -> list[tuple[int, str, bool]]:
+    """The (N, partition, multiplex) points SPPO's search tries on one pipeline layout, in its order: N over
+    `subseq_grid` (``subseqs`` where given), each partition, multiplexing off and on (on only for 2 to
+    `MULTIPLEX_MAX_PP` stages). The what-if's branch and bound (`memo_sim.search.sppo.exhaustive.exhaustive_search`)
+    and one fixed layout's best (`memo_sim.search.sppo.solve.resolve_for_layout`) search these points, so that a
+    layout the what-if planned comes back with its N (a review: the fixed-layout search tried the heuristic's N
+    only, `efficient_subseqs`, and sweep-seq gave a plan-sppo.json's layout N=64 where the what-if had chosen 128)."""
+    return [(n, part, mux) for n in ([subseqs] if subseqs else subseq_grid(seq, layout.tp)) for part in partitions
+            for mux in multiplex if not mux or 1 < layout.pp <= MULTIPLEX_MAX_PP]

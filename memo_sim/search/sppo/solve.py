@@ -20,11 +20,10 @@ from memo_sim.policy.sppo import Sppo
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.sppo.alphas import _subseq_tokens, overlap_threshold, solve_alphas
 from memo_sim.search.sppo.estimate import _active, estimate_sppo
-from memo_sim.search.sppo.grid import efficient_subseqs
+from memo_sim.search.sppo.grid import search_points
 from memo_sim.search.sppo.points import (
     BOUND_QUANTUM,
     BOUND_SLACK,
-    MULTIPLEX_MAX_PP,
     SppoPoint,
     _rank_key,
 )
@@ -123,23 +122,32 @@ def _fullest_stage_states(model: ModelConfig, layout: Layout) -> float:
 
 def resolve_for_layout(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                        subseqs: int | None = None, multiplex: bool | None = None) -> SppoPoint:
-    """The best SPPO point for one fixed layout (N from the grid unless given): for commands that
-    hold the layout (sweeps) and for plans asked for with --pp/--subseqs."""
+    """The best SPPO point for one fixed layout: for commands that hold the layout (sweep-seq, sweep-layouts, a what-if
+    with a fixed layout). It searches the what-if's points of the layout (`search_points`: N over `subseq_grid`, both
+    partitions, multiplexing off and on; ``subseqs`` / ``multiplex`` fix them) and ranks them as the what-if does
+    (`_rank_key`), so that a plan the what-if wrote (plan-sppo.json) comes back with its N at its own length. Every
+    point whose memory floor fits (`point_alive`, the points the what-if's branch and bound prices) is solved: on one
+    layout the branch and bound (`memo_sim.search.sppo.exhaustive.exhaustive_search`) finds the same best, since an
+    unsolved point's estimate is at least its bound, and this module cannot call it (it builds on this one). Where
+    no point's floor fits, every point is solved, so that the length reads as out of memory (its least-over point),
+    not as refused. A review: this searched the heuristic's N only (seq/(N*SP) in 2K-16K, `efficient_subseqs`), FLOPs
+    partitions only, and sweep-seq gave gpt-7b's tp8+sp-pp4 plan N=64 at 1M (177.72 s analytic) where the what-if
+    had chosen N=128 (175.77 s)."""
     if layout.pp > 1 and (layout.cp > 1 or layout.ulysses > 1):
         raise MemoError(f"sppo: {layout.label()}: pipeline stages use TP+SP only")
     why = Sppo(None).check(model, layout, batch, seq)
     if why and "not solved" not in why:
         raise MemoError(f"sppo: {layout.label()}: {why}")
+    points = search_points(layout, seq, subseqs, multiplex=(multiplex,) if multiplex is not None else (False, True))
+    alive = [p for p in points if point_alive(model, layout, batch, seq, profile, p[0], p[1])]
     best: SppoPoint | None = None
-    for n in ([subseqs] if subseqs else efficient_subseqs(seq, layout.tp)):
-        muxes = [False, True] if 1 < layout.pp <= MULTIPLEX_MAX_PP else [False]
-        for mux in ([multiplex] if multiplex is not None else muxes):
-            try:
-                pt = solve_point(model, layout, batch, seq, profile, n, "flops", mux)
-            except MemoError:
-                continue
-            if best is None or _rank_key(pt) < _rank_key(best):
-                best = pt
+    for n, part, mux in alive or points:
+        try:
+            pt = solve_point(model, layout, batch, seq, profile, n, part, mux)
+        except MemoError:
+            continue
+        if best is None or _rank_key(pt) < _rank_key(best):
+            best = pt
     if best is None:
         raise MemoError(f"sppo: {seq} tokens do not split into subsequences for {layout.label()}")
     return best
