@@ -28,7 +28,7 @@ TOY = ["whatif", "--layers", "2", "--hidden", "128", "--heads", "4", "--ffn", "5
 
 def test_sigint_exits_130_with_one_line(tmp_path):
     """A real SIGINT to a running memo-sim (a search long enough to be interrupted: 64 GPUs at 64K reach
-    'simulating' in 4.5 s on the idle 2-core VM, 1,024 at 256K took 11.7 s; either then simulates for 20 s and more)."""
+    its progress label ('what-if') in 4.5 s on the idle 2-core VM, 1,024 at 256K took 11.7 s; either then simulates for 20 s and more)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     p = subprocess.Popen([sys.executable, "-m", "memo_sim.cli", "whatif", "--model", "gpt-175b", "--gpus", "64",
                           "--seq", "64K", "--simulate-top", "10000", "--jobs", "1", "--no-plan", "--progress"],
@@ -42,7 +42,7 @@ def test_sigint_exits_130_with_one_line(tmp_path):
     finally:
         p.kill()
     assert p.returncode == 130, err.decode()[-2000:]
-    assert first == b"simulating\n"
+    assert first == b"what-if\n"
     assert err.decode().strip().splitlines()[-1] == "interrupted" and b"Traceback" not in err
     assert not list(tmp_path.iterdir())
 
@@ -312,7 +312,7 @@ def test_sigterm_stops_a_search_and_a_run_as_ctrl_c_does(tmp_path):
     ``terminated (SIGTERM)``, no traceback, nothing written."""
     rc, err = _terminate_at_first_step(
         [sys.executable, "-m", "memo_sim.cli", "whatif", "--model", "gpt-175b", "--gpus", "64", "--seq", "64K",
-         "--simulate-top", "10000", "--jobs", "1", "--no-plan", "--progress"], tmp_path, b"simulating")
+         "--simulate-top", "10000", "--jobs", "1", "--no-plan", "--progress"], tmp_path, b"what-if")
     assert rc == 143 and err.strip().splitlines()[-1] == "terminated (SIGTERM)" and "Traceback" not in err, err
     assert not list(tmp_path.iterdir())
     r = CliRunner().invoke(sim_cli, TOY + ["--out", str(tmp_path / "plan")])

@@ -180,7 +180,7 @@ def whatif(**options):
     if show.sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
         return _sweep_alpha(req, sweep_candidates(req), show, t0)
     try:
-        with search_progress("simulating", show.quiet, force=show.progress) as on_progress:
+        with search_progress("what-if", show.quiet, force=show.progress) as on_progress:
             # the best plan's memory plan built while this process waits for SPPO's simulation, if it does
             ans = answer_whatif(req, progress=on_progress, while_waiting=None if show.no_plan else prebuild_plan)
     except NothingFits as e:  # no layout was built: every one's model states alone overflow (exit 3, answered)

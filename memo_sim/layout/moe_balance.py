@@ -57,13 +57,14 @@ class Balance:
                             f"x its share",
                 "measured": f"dropless at the router's measured loads ({self.experts} experts)"}[self.kind]
 
-    def load_factor(self, copies: float, ep: int) -> float:
+    def load_factor(self, copies: float, ep: int, experts: int = 0, top_k: int = 1) -> float:
         """The busiest EP rank's routed tokens over the mean, for ``copies`` token copies routed in
-        the EP group."""
+        the EP group. ``experts``, ``top_k``: the model's (0: not given), which cap a capacity factor at E/k
+        (`capacity_load`; the layout check refuses more, `capacity_why_not`)."""
         if self.kind == "measured":  # every EP degree dividing the experts has its factor (`parse_balance`)
             return dict(self.factors)[ep]
         if self.kind == "capacity":
-            return self.capacity
+            return capacity_load(self.capacity, experts, top_k) if experts else self.capacity
         if self.kind == "forced" or ep <= 1:
             return 1.0
         return uniform_busiest(copies, ep)
@@ -87,11 +88,49 @@ def balance_why_not(text: str) -> str | None:
     return None
 
 
+def capacity_ceiling(experts: int, top_k: int) -> float:
+    """The largest capacity factor that means something for ``experts`` routed experts, each token routed to
+    ``top_k``: E/k. An expert's capacity ceil(T x k / E x F) cannot exceed the T tokens of the group routed (no expert
+    gets more than every token): memo_exec/moe/capacity.py's ``capacity`` is min(T, ceil(T k / E F)), and
+    Megatron-Core's ``apply_router_token_dropping`` (megatron/core/transformer/moe/moe_utils.py at NVIDIA/Megatron-LM
+    00611e6e) keeps every token where the capacity exceeds them (earlier versions ran ``torch.topk(routing_probs,
+    k=expert_capacity, dim=0)`` unguarded, which raises when k > T). So the load factor of ``capacity:F`` is
+    min(F, E/k) (`capacity_load`)."""
+    return experts / top_k
+
+
+def capacity_load(factor: float, experts: int, top_k: int) -> float:
+    """The busiest rank's load factor under ``capacity:factor`` (every expert padded or dropped to its capacity):
+    min(F, E/k), the executor's rule (`capacity_ceiling`)."""
+    return min(factor, capacity_ceiling(experts, top_k))
+
+
+def capacity_why_not(balance: Balance, experts: int, top_k: int) -> str | None:
+    """Why ``capacity:F`` is not a setting for a model of ``experts`` experts routed ``top_k`` each, or None: an F
+    above E/k (`capacity_ceiling`) asks for more than every token at each expert, so its load factor is E/k and the
+    F above it is a typo or a misread of the capacity (a review: capacity:8 on Mixtral, E/k = 4, was priced at 8,
+    twice the work and dispatch buffers the executor and Megatron-Core run, and exported as
+    --moe-expert-capacity-factor 8)."""
+    if balance.kind != "capacity":
+        return None
+    top = capacity_ceiling(experts, top_k)
+    if balance.capacity > top * (1 + 1e-9):
+        return (f"moe balance capacity:{balance.capacity:g}: a capacity factor caps at experts / top-k = "
+                f"{experts}/{top_k} = {top:g} (an expert's capacity cannot exceed every token, so capacity:{top:g} "
+                f"runs the same); give --moe-balance capacity:{top:g} or less")
+    return None
+
+
 def measured_why_not(balance: Balance, experts: int, top_k: int = 1) -> str | None:
-    """Why measured loads cannot price a model of ``experts`` routed experts, each token routed to ``top_k`` distinct
-    ones, or None. Top-k routing gives no expert more than 1/k of a layer's copies, so the one-expert-a-rank factor
-    (the mean over the layers of the busiest expert's count over the mean count) is at most E/k (a review: a file
-    with one expert holding every copy of a top-8 model was taken as measured loads)."""
+    """Why ``balance`` cannot price a model of ``experts`` routed experts, each token routed to ``top_k`` distinct
+    ones, or None: a capacity factor above E/k (`capacity_why_not`), or measured loads of another model or above what
+    top-k routing sends one expert. Top-k routing gives no expert more than 1/k of a layer's copies, so the
+    one-expert-a-rank factor (the mean over the layers of the busiest expert's count over the mean count) is at most
+    E/k (a review: a file with one expert holding every copy of a top-8 model was taken as measured loads). The
+    name is kept for its callers (the what-if's request check and `memo_sim.layout.parallel.expert_why_not`, the
+    layout/model check of a plan read from anywhere)."""
+    if balance.kind == "capacity":
+        return capacity_why_not(balance, experts, top_k)
     if balance.kind != "measured":
         return None
     if balance.experts != experts:

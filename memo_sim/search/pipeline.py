@@ -318,6 +318,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         chunks: tuple[int, ...] = (), why_not: Callable[[Layout], str | None] | None = None,
                         rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,),
                         schedule_why_not: Callable[[str, int, int], str | None] | None = None,
+                        on_stage: Callable[[str], None] | None = None,
                         ) -> tuple[list[Candidate], list[tuple[Layout, str]], dict]:
     """Every pipeline candidate of the space (module docs) for ``policies``: (candidates,
     rejected layouts, what was searched). ``dp_modes``: the data-parallel flavours tried
@@ -333,7 +334,13 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     whose proved throughput bound (`memo_sim.search.bound.pipeline_family_tgs_bound`, every policy
     of it at once) is below it is not built: none of its candidates could be the best plan, so the
     bound search would skip each of them. What was searched says how many (``not_built``: the
-    families, the candidates they hold and the highest bound among them)."""
+    families, the candidates they hold and the highest bound among them).
+
+    ``on_stage(words)``: told, for each layout and each family, which phase runs and how far it is (the pipeline
+    degree and layout of how many, the families priced or bounded and how many the bound left out): the caller's
+    status line throttles it (`memo_sim.cli.whatif.SearchStatus`). A review: after the bound search over the
+    single-stage candidates said 'every bound left below the best simulated', 5,124 families' bounds ran for
+    100 s with nothing said."""
     names = tuple(n for n in (schedules or micro_batch_pipelines()) if n in micro_batch_pipelines())
     # pp splitting the layers evenly, or unevenly where `uneven_split` finds a split (first / last fixed: any)
     if chunks and (pp is None or len(chunks) % pp):
@@ -347,8 +354,23 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
     not_built = {"families": 0, "candidates": 0, "best_bound_tgs": None, "schedules": []}
     reference: list[float | None] = []  # floor(), once it is read
+    told = {"families": 0, "at": ""}  # families reached, and where (pp and layout of how many), for ``on_stage``
+
+    def tell() -> None:
+        if on_stage is None:
+            return
+        n, out_ = told["families"], not_built["families"]
+        if reference and reference[0] is not None:
+            on_stage(f"bounding pipeline families (tier 1, analytic): {n} bounded, {out_} below the best simulated "
+                     f"{reference[0]:,.0f} tokens/GPU/s and not built ({told['at']})")
+        elif n:
+            on_stage(f"pricing pipeline families (tier 1, analytic): {n} priced ({told['at']})")
+        else:  # no family reached yet: the layouts' chunks, schedules and model states checked
+            on_stage(f"checking pipeline layouts (tier 1, analytic): {told['at']}")
     kv_rule = adapt(Layout()).ulysses_kv if adapt is not None else "minimal"  # the framework's K/V repeat
-    for p in pps:
+    for pi, p in enumerate(pps, 1):
+        told["at"] = f"pp {p}, {pi} of {len(pps)} degrees; enumerating its layouts"
+        tell()
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
                                        zero=zero, sp=sp, pp=p, first=first, last=last, experts=experts,
                                        tp_modes=tp_modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
@@ -359,12 +381,18 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
         valid = [v for lay in valid if allows(lay) for v in order_variants(lay, rank_orders, profile.node_gpus)]
         if adapt is not None:  # the framework's mechanisms, which a pipeline may not price yet
             adapted = [(adapt(lay), lay) for lay in valid]
-            why = {id(a): check_layout(a, model, gpus, profile.node_gpus, seq) for a, _ in adapted}
+            why = {}
+            for ai, (a, _) in enumerate(adapted, 1):
+                told["at"] = f"pp {p}, {pi} of {len(pps)} degrees; checking layout {ai} of {len(adapted)}"
+                tell()
+                why[id(a)] = check_layout(a, model, gpus, profile.node_gpus, seq)
             rejected += [(a, why[id(a)]) for a, _ in adapted if why[id(a)]]
             valid = [a for a, _ in adapted if not why[id(a)]]
         if valid:
             searched["pp"].append(p)
-        for lay in valid:
+        for li, lay in enumerate(valid, 1):
+            told["at"] = f"pp {p}, {pi} of {len(pps)} degrees; layout {li} of {len(valid)}"
+            tell()
             chunked: dict[int, Layout | None] = {}  # vpp -> the layout with that many chunks (every mb and schedule's)
             said: set[str] = set()  # the schedules whose refusal of this layout is in searched["why_none"]
             b = batch
@@ -422,6 +450,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                             continue
                         searched["vpp"].add(v)
                         searched["micro_batch"].add(mb)
+                        told["families"] += 1
                         if floor is not None:
                             if not reference:
                                 reference.append(floor())
@@ -438,7 +467,9 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                                 kind = "metp" if cand.metp else "megatron_tp" if cand.tp > 1 else "no_tp"
                                 side = not_built.setdefault("best_bound_by_tp", {})
                                 side[kind] = max(side.get(kind, 0.0), ub)
+                                tell()
                                 continue
+                        tell()
                         shape = _shape(model, cand, b, mb, profile, name)  # every policy's
                         for pol in policies:
                             if why := policy_class(pol).layout_why_not(cand):

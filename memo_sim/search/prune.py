@@ -177,7 +177,8 @@ def _better(best: float | None, s: dict | None) -> float | None:
 
 def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batch: int = 4,
                       always: list | None = None, window: int | None = None,
-                      on_step: Callable[[int, float | None], None] | None = None) -> PruneReport:
+                      on_step: Callable[[int, float | None], None] | None = None,
+                      on_bound: Callable[[int, int], None] | None = None) -> PruneReport:
     """Simulate ``fitting`` candidates (``simulate(list)`` fills each one's ``simulated``) in order
     of `tgs_upper_bound`, ``batch`` at a time, until the next bound is below the best simulated
     throughput; ``always`` (e.g. SPPO's heuristic choice) are simulated in the first batch too.
@@ -191,8 +192,13 @@ def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batc
 
     ``on_step(simulated, gap)`` after each window's decisions: how many are simulated, and the bound gap, how far
     the next candidate's bound is above the best simulated throughput (a fraction; the search stops where it falls
-    below 0; None before anything fitting was simulated or when none is left), for a progress line."""
-    ub = {id(c): tgs_upper_bound(c) for c in fitting}
+    below 0; None before anything fitting was simulated or when none is left), for a progress line.
+    ``on_bound(i, n)`` after each of the ``n`` bounds is proved (a review: 12 s of silence over 7,933 bounds)."""
+    ub = {}
+    for i, c in enumerate(fitting, 1):
+        ub[id(c)] = tgs_upper_bound(c)
+        if on_bound is not None:
+            on_bound(i, len(fitting))
     order = sorted(fitting, key=lambda c: -ub[id(c)])
     extra = [c for c in (always or []) if c.simulated is None]
     best = None

@@ -428,7 +428,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             valid, why_off = _offloaded(valid, fw, rejected)
             why_none = why_off or why_none
             searched["optimizer_offload"] = "asked for"
-        for lay in _allocator_variants(valid, allocator):
+        variants = _allocator_variants(valid, allocator)
+        for i, lay in enumerate(variants, 1):  # the status line throttles these (`memo_sim.cli.whatif.SearchStatus`)
+            say(f"pricing the single-stage layouts x policies (tier 1, analytic): layout {i} of {len(variants)}, "
+                f"{len(out)} candidates priced")
             out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected,
                                  allocator)
         if rejected and why_none == no_factorisation:  # the layouts were valid: a policy's or the batch's refusal
@@ -453,7 +456,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             micro_batch=micro_batch, allows=fw.allows, why_not=fw.why_not, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
             chunks=chunk_layers, experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
-            rank_orders=rank_orders, schedule_why_not=fw.schedule_why_not,
+            rank_orders=rank_orders, schedule_why_not=fw.schedule_why_not, on_stage=on_stage,
             floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None and not pipe_flags else None)
         if uneven_flags and not pc and not what.get("not_built"):  # the split asked for splits nothing searched
             why = (what.get("state_why") or what.get("why_none") or (pr[0][1] if pr else
@@ -906,8 +909,79 @@ def fold_duplicates(candidates: list[Candidate]) -> list[Candidate]:
     return out
 
 
+def _value_words(flag: str) -> Callable[[object], str]:
+    return lambda v: f"{flag} {v}"
+
+
+def _switch_words(on: str, off: str) -> Callable[[object], str]:
+    return lambda v: on if v else off
+
+
+# Every key `memo_sim.search.request.WhatifRequest.fixed` puts in ``fixed`` (request.py's FIXING), with the value that
+# means "not pinned" and the command's words for a pinned value: `not_searched` reads this one table, so a pin that
+# is the reason nothing fits is named (a review: --ep 1 --etp 1 left out of the advice while they kept Mixtral's
+# experts whole on every GPU). Each row: the value the command has when the flag is not given, the flag's words for a
+# value, and what dropping the flag does: ``search`` (the search tries every value), ``default`` (the command's one
+# default value is priced instead: --moe-dispatcher, --moe-balance, --alloc-conf, --allocator) or ``sentence``
+# (``tp_mode`` and ``metp_across_nodes``: a sentence of their own on the flavours and rings searched, no words here).
+# A test iterates over request.py's FIXING (tests/test_review_fixes_moe_search.py).
+PINNABLE: dict[str, tuple[object, Callable[[object], str] | None, str]] = {
+    "batch": (None, _value_words("--batch"), "search"),
+    "global_batch": (None, _value_words("--global-batch"), "search"),
+    "micro_batch": (None, _value_words("--micro-batch"), "search"),
+    "tp": (None, _value_words("--tp"), "search"),
+    "cp": (None, _value_words("--cp"), "search"),
+    "ulysses": (None, _value_words("--ulysses"), "search"),
+    "dp": (None, _value_words("--dp"), "search"),
+    "zero": (None, _value_words("--zero"), "search"),
+    "sp": (None, _switch_words("--sp", "--no-sp"), "search"),
+    "alpha": (None, _value_words("--alpha"), "search"),
+    "pp": (None, _value_words("--pp"), "search"),
+    "vpp": (None, _value_words("--vpp"), "search"),
+    "schedules": (None, lambda v: " ".join(f"--schedule {s}" for s in v), "search"),
+    "subseqs": (None, _value_words("--subseqs"), "search"),
+    "partition": (None, _value_words("--partition"), "search"),
+    "multiplex": (None, _switch_words("--multiplex", "--no-multiplex"), "search"),
+    "optimizer_offload": (None, _switch_words("--optimizer-offload", "--no-optimizer-offload"), "search"),
+    "first_stage_layers": (None, _value_words("--decoder-first-pipeline-num-layers"), "search"),
+    "last_stage_layers": (None, _value_words("--decoder-last-pipeline-num-layers"), "search"),
+    "chunk_layers": (None, lambda v: "--pipeline-model-parallel-layout", "search"),
+    "ep": (None, _value_words("--ep"), "search"),
+    "etp": (None, _value_words("--etp"), "search"),
+    "dp_mode": (None, _value_words("--dp-mode"), "search"),
+    "rank_order": (None, _value_words("--rank-order"), "search"),
+    # one value is always priced: dropping the flag goes back to the command's default, it searches no others
+    "moe_dispatcher": ("alltoall", _value_words("--moe-dispatcher"), "default"),
+    "moe_balance": ("dropless", _value_words("--moe-balance"), "default"),
+    "alloc_conf": (None, _value_words("--alloc-conf"), "default"),
+    "allocator": ("caching", _value_words("--allocator"), "default"),
+    "tp_mode": ("all", None, "sentence"),
+    "metp_across_nodes": (False, None, "sentence"),
+}
+# the settings whose pinned value is a whole space searched: ``all`` is the unpinned search, not a pin
+_SEARCH_ALL = {"dp_mode": "all", "rank_order": "all"}
+
+
+def pinned_flags(fixed: dict) -> tuple[list[str], list[str]]:
+    """The flags ``fixed`` pins, in the command's words (`PINNABLE`): those whose dropping widens the search, and
+    those whose dropping goes back to the command's one default value. A key of ``fixed`` the table lacks is a
+    `MemoError` (a new pin would otherwise go unnamed in the advice again)."""
+    unknown = sorted(k for k in fixed if k not in PINNABLE)
+    if unknown:
+        raise MemoError(f"not_searched: no flag for the fixed option(s) {', '.join(unknown)}; add them to PINNABLE "
+                        f"in memo_sim/search/whatif.py")
+    searched, defaults = [], []
+    for key, (default, words, kind) in PINNABLE.items():
+        v = fixed.get(key, default)
+        if words is None or v is None or v == default or _SEARCH_ALL.get(key) == v:
+            continue
+        (searched if kind == "search" else defaults).append(words(v))
+    return searched, defaults
+
+
 def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fixed: dict) -> list[str]:
-    """What a what-if with these restrictions did not look at, as advice a user can act on."""
+    """What a what-if with these restrictions did not look at, as advice a user can act on: the policies and
+    frameworks left out, and every flag ``fixed`` pins (`pinned_flags`, one table for every key of ``fixed``)."""
     fw = get_framework(framework)
     searched = tuple(policies) if policies else fw.policies
     out = []
@@ -920,17 +994,11 @@ def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fi
         out.append(f"policies {', '.join(others)}, which {fw.name} does not offer (another --framework)")
     if framework != "any":
         out.append(f"layouts and policies outside what {framework} offers (--framework any)")
-    flags = {"tp": "--tp", "cp": "--cp", "ulysses": "--ulysses", "dp": "--dp", "zero": "--zero", "pp": "--pp",
-             "vpp": "--vpp", "micro_batch": "--micro-batch", "subseqs": "--subseqs", "partition": "--partition"}
-    pinned = [f"{flag} {fixed[k]}" for k, flag in flags.items() if fixed.get(k) is not None]
-    if fixed.get("sp") is not None:
-        pinned.append("--sp" if fixed["sp"] else "--no-sp")
-    if fixed.get("multiplex") is not None:
-        pinned.append("--multiplex" if fixed["multiplex"] else "--no-multiplex")
-    if fixed.get("alpha") is not None:
-        pinned.append(f"--alpha {fixed['alpha']}")
+    pinned, settings = pinned_flags(fixed)
     if pinned:
         out.append(f"other values than {', '.join(pinned)} (drop them to search every layout)")
+    if settings:
+        out.append(f"other settings than {', '.join(settings)} (drop them for the command's defaults)")
     if fixed.get("tp_mode", "all") != "all":
         out.append(f"tensor-parallel flavours other than {fixed['tp_mode']} (--tp-mode all)")
     if not fixed.get("metp_across_nodes"):
@@ -1054,10 +1122,17 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
         def floor(listed: list[Candidate]) -> float | None:
             fit = [c for c in listed if c.memory.status == "OK"]
             what = f"bound search over the {len(fit)} fitting candidates priced before the pipelines"
-            stage(what)
-            return simulate_by_bound(fit, lambda cands: simulate_candidates(
+            stage(f"{what}: proving each one's throughput bound, then simulating from the highest")
+            found = simulate_by_bound(fit, lambda cands: simulate_candidates(
                 cands, allocator_lag=allocator_lag, jobs=1, ahead=ahead[0] if ahead else None),
-                on_step=lambda k, gap: stage(_bound_words(what, k, gap))).best_tgs
+                on_step=lambda k, gap: stage(_bound_words(what, k, gap)),
+                on_bound=lambda i, n: stage(f"{what}: proving throughput bounds, {i} of {n}"))
+            # its own key (the words before ':'), so the status line's throttle of one stage cannot drop it: what
+            # follows is the pipelines' pricing against this floor (`pipeline_candidates`' ``on_stage``)
+            best = "none fits" if found.best_tgs is None else f"{found.best_tgs:,.0f} tokens/GPU/s"
+            stage(f"best simulated before the pipelines: {best} ({found.simulated} of {len(fit)} simulated); next: "
+                  f"bounding the micro-batch pipeline families against it")
+            return found.best_tgs
 
         fixed = dict(fixed, pipeline_floor=floor)
     stage("pricing the candidates (tier 1, analytic)")
@@ -1107,7 +1182,8 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
                 begin(f"bound search over {len(fitting)} fitting candidates",
                       sum(1 for c in fitting if c.simulated is not None))
                 result.tier2 = simulate_by_bound(fitting, run, batch=PARALLEL_MIN, window=2 * jobs, always=extra,
-                                                 on_step=step)
+                                                 on_step=step, on_bound=lambda i, n: stage(
+                                                     f"{shown['words']}: proving throughput bounds, {i} of {n}"))
                 result.tier2.add_not_built((result.searched.get("pipeline") or {}).get("not_built"))
                 head = [c for c in result.candidates if c.simulated is not None]
                 if while_waiting is not None and ahead:
@@ -1133,6 +1209,10 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
                                          and c.simulated["status"] == "OK"), default=None)
             result.tier2.set_unproved([c for c in fitting if c.simulated is None])  # a review: top N said nothing
         result.tier2.failed = sum(1 for c in fitting if c.simulated is not None and c.simulated["status"] != "OK")
+        # the last line is the report's own tier-2 line (a review: the last progress line said 'the next bound 0.6%
+        # above the best simulated', a bound the search went on to simulate, where the report said 'the closest
+        # skipped bound is 0.4% below')
+        stage("done: " + result.tier2.line().removeprefix("tier 2: "))
         ids = {id(h) for h in head}
         result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates
                                                                     if id(c) not in ids]
