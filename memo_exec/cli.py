@@ -119,6 +119,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
                       tokens_file=tokens_file, seed=seed, lr=lr, use_memory_plan=not no_memory_plan, profile=profile)
     # what check-plan refuses, refused here too, before anything runs (every rank alike under torchrun)
     plan = read_plan(plan_file)
+    _layers_fit(plan, layers)
     from memo_exec.alloc_settings import set_env  # noqa: PLC0415
 
     set_env(plan.layout, device)  # before anything touches CUDA (the ranks --nproc launches inherit it)
@@ -189,6 +190,33 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
     _warn(warn)
 
 
+def _layers_fit(plan, layers: int | None) -> None:
+    """Refuse, naming --layers, a --layers N the plan's model cannot be cut to (every path, before any rank starts):
+    a MoE model whose first ``dense_layers`` layers are dense needs more than that many (a review: ``--layers 1`` of a
+    model with one dense layer said "model glm-4.5-air-custom: (top): dense_layers (1) leaves no MoE layer of the 1;
+    give fewer dense layers or no experts", naming neither --layers nor its fix); any other refusal of the cut model
+    (`memo_sim.model.config.ModelConfig`'s checks, as `memo_exec.runner.run_model` builds it) is its line, naming
+    --layers. More layers than the plan's model has is `run_model`'s refusal."""
+    import dataclasses  # noqa: PLC0415
+
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+
+    m = plan.model
+    if layers is None or layers >= m.layers:
+        return
+    if m.moe and m.dense_layers >= layers:
+        s = "s" if m.dense_layers > 1 else ""
+        raise ExecError(f"--layers {layers}: the plan's model {m.name} has {m.dense_layers} dense layer{s} before its "
+                        f"MoE layers, so {layers} would leave no MoE layer; give --layers {m.dense_layers + 1} or "
+                        f"more (more than its dense layers), up to its {m.layers}")
+    try:
+        dataclasses.replace(m, layers=layers)
+    except (MemoError, ValueError) as e:
+        why = str(e).splitlines()[0].replace("(top): ", "")
+        raise ExecError(f"--layers {layers}: the plan's model cut to {layers} layers is refused ({why}); give another "
+                        f"--layers, up to its {m.layers}") from None
+
+
 def _warn(line: str | None) -> None:
     if line:
         click.echo(line, err=True)
@@ -245,7 +273,7 @@ def _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress) ->
     from memo_sim.fileio import output_folder  # noqa: PLC0415
 
     lines: list[str] = []
-    with output_folder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES) as outf:
+    with output_folder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES) as outf, _threads_as_launched(opts):
         run_rank(plan_file, opts, str(outf.stage), as_json, pg_timeout, progress, _echo_after(lines), in_process=True,
                  shown_out=out_dir)
     _say("".join(lines))  # once the outputs are in place
@@ -263,7 +291,7 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
 
     # the outputs are staged in --out (beside it where it is created) from the start (an unwritable --out fails
     # before any step) and moved in together at the end; a failure or interrupt leaves --out as it was
-    with output_folder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES) as outf:
+    with output_folder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES) as outf, _threads_as_launched(opts):
         from memo_exec.host_share import CpuShareMeter, append_run_share  # noqa: PLC0415
 
         ex = Executor(plan, opts)
@@ -272,6 +300,7 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
                 res = ex.run(progress=report)
         finally:
             ex.close()
+        _cores_of_one_process(res, meter.result)
         staged, comparison = write_outputs(res, outf.stage, plan_file)
         append_run_share(str(staged["report"]), meter.result, res.meta.get("device_kind"))
     paths = {k: outf.path(p) for k, p in staged.items()}
@@ -284,12 +313,15 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
         from memo_exec.report import stale_line  # noqa: PLC0415
 
         click.echo(stale_line(comparison.stale), err=True)
+    if res.meta.get("oversubscribed"):  # the --nproc ranks' warning (`memo_exec.distributed.launch.run_rank`)
+        click.echo(f"warning: {res.meta['oversubscribed']}", err=True)
     if as_json:
         import json  # noqa: PLC0415
 
         doc = {"model": res.meta["model"], "policy": res.meta["policy"], "device": res.meta["device"],
                "layers": res.meta["layers"], "tokens": res.meta["tokens"], "steady_state": st,
                "losses": [s["loss"] for s in res.summaries], "speed_probe": res.meta.get("speed_probe"),
+               "cores": res.meta.get("cores"), "oversubscribed": res.meta.get("oversubscribed"),
                **comparison.to_dict(),
                "notes": [n for n in (note, res.meta.get("allocator_settings_note")) if n],
                "files": {k: str(v) for k, v in paths.items()}}
@@ -302,6 +334,34 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
          + (f"{res.meta['allocator_settings_note']}\n" if res.meta.get("allocator_settings_note") else ""))
     if note:
         click.echo(note, err=True)
+
+
+def _threads_as_launched(opts):
+    """The CPU threads of a run in this process chosen as ``--nproc``'s launcher chooses its ranks' (one rule,
+    `memo_exec.host_share.default_threads`: the user's OMP_NUM_THREADS, else the plan's profile's calibration count,
+    else one a process), where without it torch's default of every core ran (a review: 2.88 s an iteration at 2
+    threads on a loaded 2-core machine, 0.038 s under --nproc 1)."""
+    from memo_exec.device import resolve_device  # noqa: PLC0415
+    from memo_exec.host_share import default_threads  # noqa: PLC0415
+
+    return default_threads(not resolve_device(opts.device).is_cuda)
+
+
+def _cores_of_one_process(res, share) -> None:
+    """A CPU run's ``meta["cores"]`` and, where its threads and other processes wanted more cores than the machine
+    has, ``meta["oversubscribed"]``: the rule and line of an --nproc run's ranks
+    (`memo_exec.distributed.launch.oversubscription`), for one process measured by
+    `memo_exec.host_share.CpuShareMeter` (a review: the single-process path printed no "cores oversubscribed"
+    warning where the --nproc path did)."""
+    if res.meta.get("device_kind") == "cuda" or share is None:
+        return
+    from memo_exec.distributed.launch import oversubscription  # noqa: PLC0415
+
+    threads = int((res.meta.get("cpu_threads") or {}).get("threads") or 1)
+    cores = oversubscription(1, threads, [share.to_dict()])
+    res.meta["cores"] = cores
+    if cores["line"]:
+        res.meta["oversubscribed"] = cores["line"]
 
 
 @cli.command("trace", help="Record one layer's malloc/free sequence (memo-trace JSON).")

@@ -13,6 +13,7 @@ On a host without ``/proc/stat`` (not Linux) the meter reports ``None`` for ever
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import time
@@ -83,6 +84,47 @@ class CpuShareMeter:
         self.result = CpuShare(wall_s=t1 - self._t0, cores=os.cpu_count() or 1,
                                busy_core_s=stat1[0] - self._stat0[0], own_core_s=own1 - self._own0,
                                steal_core_s=stat1[1] - self._stat0[1])
+
+
+# ------------------------------------------------------------------------------------ threads
+def default_threads_env(env) -> bool:
+    """The CPU thread rule of every `memo-exec run` path where the user's ``OMP_NUM_THREADS`` chooses none: one torch
+    thread a process, marked as that default (``OMP_NUM_THREADS=1`` and `memo_exec.device.LAUNCHER_THREADS_ENV` set in
+    ``env``), so that `memo_exec.device.use_calibrated_threads` replaces it with the plan's profile's calibration
+    count where there is one. One thread a process, not torch's default of every core: a run's OpenMP threads that
+    lose a core to another process wait for each other (a review: a store_all plan took 2.88 s an iteration at
+    torch's 2 threads on a loaded 2-core machine, 0.038 s under ``--nproc 1``, which already set one). True where it
+    set them."""
+    from memo_exec.device import LAUNCHER_THREADS_ENV  # noqa: PLC0415 - imports torch
+
+    if env.get("OMP_NUM_THREADS"):
+        return False
+    env["OMP_NUM_THREADS"] = "1"
+    env[LAUNCHER_THREADS_ENV] = "1"
+    return True
+
+
+@contextlib.contextmanager
+def default_threads(cpu: bool):
+    """`default_threads_env` in this process, for a run in it (`memo-exec run` without ``--nproc``): the environment
+    and torch's thread count (read from ``OMP_NUM_THREADS`` only at torch's start, so set here too) as
+    ``--nproc``'s launcher gives its ranks, both restored after. Nothing on a GPU run."""
+    if not cpu or os.environ.get("OMP_NUM_THREADS"):
+        yield
+        return
+    import torch  # noqa: PLC0415
+
+    from memo_exec.device import LAUNCHER_THREADS_ENV  # noqa: PLC0415
+
+    before = torch.get_num_threads()
+    default_threads_env(os.environ)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for k in ("OMP_NUM_THREADS", LAUNCHER_THREADS_ENV):
+            os.environ.pop(k, None)
+        torch.set_num_threads(before)
 
 
 # ------------------------------------------------------------------------------------ idle or not

@@ -9,7 +9,10 @@ path, so the run re-predicts with that profile and never with a built-in one of 
 Each plan runs in its own process (``python -m memo_exec run PLAN --json``, output under
 ``runs/plan-NN/``): whatever one run leaves reserved on the device is gone before the next
 starts, and a run that fails -- an out-of-memory error, a plan the executor refuses, a crash,
-a time-out -- becomes that plan's row while the others go on.
+a time-out -- becomes that plan's row while the others go on. A run past its time-out, or running when validate is
+interrupted, is stopped with SIGTERM (then SIGKILL after `STOP_GRACE_S`) and its staging folder removed (`run_plan`);
+everything validate writes into ``--out`` is staged and moved in as one set at the end (`memo_sim.fileio.OutputFolder`,
+as ``memo-exec run`` writes its --out), so a failure or an interrupt leaves ``--out`` as it was.
 
 Per plan the rows hold step time, per-stream busy and exposed time (compute, d2h, h2d) and peak
 memory, each predicted, measured and its error in percent; a mixture-of-experts plan with expert
@@ -436,24 +439,86 @@ def run_argv(plan_file: Path, run_dir: Path, device: str, steps: int) -> list[st
             "--out", str(run_dir), "--json", "--no-progress", *(["--nproc", str(gpus)] if gpus > 1 else [])]
 
 
+STOP_GRACE_S = 10.0  # a run told to stop (SIGTERM) gets this long to stop its ranks and remove its stage; then SIGKILL
+
+
+def stop_run(proc: subprocess.Popen, grace_s: float | None = None) -> tuple[str, str]:
+    """Stop a run's process and collect what it wrote: SIGTERM to its process group first, which `memo_exec.cli`
+    turns into `memo_sim.errors.Terminated` (its staging folder discarded, an --nproc launcher's ranks stopped,
+    `memo_exec.distributed.launch.launch_nproc`), then SIGKILL after ``grace_s`` (default `STOP_GRACE_S`). A review:
+    ``subprocess.run``'s time-out sent SIGKILL at once, so the run never removed its ``.plan-NN.*.partial`` stage."""
+    import signal  # noqa: PLC0415
+
+    grace_s = STOP_GRACE_S if grace_s is None else grace_s
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):  # already gone
+            pass
+        try:
+            out, err = proc.communicate(timeout=grace_s if sig == signal.SIGTERM else None)
+            return out or "", err or ""
+        except subprocess.TimeoutExpired:
+            continue
+    return "", ""  # not reached: communicate() without a timeout returns once SIGKILL ends it
+
+
+def remove_stages(run_dir: Path) -> None:
+    """Remove the staging folders a stopped run left in ``run_dir`` (`memo_sim.fileio.OutputFolder`'s
+    ``.NAME.XXXX.partial``: a run killed before its clean-up, or an --nproc launcher, which keeps its stage)."""
+    import shutil  # noqa: PLC0415
+
+    for p in run_dir.glob(f".{run_dir.name}.*.partial"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def run_completed(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a whole run: its manifest written last by `memo_sim.fileio.OutputFolder.commit`,
+    ``complete: true`` (``run_plan`` empties ``run_dir`` before each run, so it is this run's)."""
+    from memo_sim.fileio import MANIFEST  # noqa: PLC0415
+
+    try:
+        return json.loads((run_dir / MANIFEST).read_text()).get("complete") is True
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def run_plan(plan_file: Path, run_dir: Path, device: str, steps: int, timeout: float | None,
              threads: int | None = None) -> tuple[str, dict]:
     """(status, the run's --json document) of one plan run in a fresh process (on a CPU with
-    ``threads`` torch threads)."""
+    ``threads`` torch threads). A run past ``timeout``, or one this process is interrupted during (Ctrl-C, SIGTERM),
+    is stopped with `stop_run` and its stage removed (`remove_stages`); a timed-out run that had completed (its
+    manifest complete and its --json printed: the time-out came while it exited) is a run, not a time-out."""
+    import shutil  # noqa: PLC0415
+
     env = run_env(device, threads)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists():  # an earlier run of this plan (one set aside for the machine's speed): not this one's
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    proc = subprocess.Popen(run_argv(plan_file, run_dir, device, steps), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    timed_out = False
     try:
-        p = subprocess.run(run_argv(plan_file, run_dir, device, steps), capture_output=True, text=True,
-                           timeout=timeout, env=env)
-        rc, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        atomic_write_text(run_dir / "stdout.txt", out)
-        atomic_write_text(run_dir / "stderr.txt", err)
-        return failure_status(124, err, timeout), {}
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        out, err = stop_run(proc)
+    except BaseException:  # Ctrl-C, `memo_sim.errors.Terminated`: the run stops too (its own group: it saw nothing)
+        stop_run(proc)
+        remove_stages(run_dir)
+        raise
+    rc = proc.returncode
+    remove_stages(run_dir)
     atomic_write_text(run_dir / "stdout.txt", out)
     atomic_write_text(run_dir / "stderr.txt", err)
+    if timed_out:
+        try:
+            doc = json.loads(out)
+        except json.JSONDecodeError:
+            doc = None
+        if not (isinstance(doc, dict) and run_completed(run_dir)):
+            return failure_status(124, err, timeout), {}
+        return "ran", doc  # it finished within the time and was stopped while it exited
     if rc != 0:
         return failure_status(rc, err), {}
     try:
@@ -530,6 +595,16 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
     return rows
 
 
+def _moved(path: str | None, stage: Path, out: Path) -> str | None:
+    """``path`` under the staging folder ``stage`` as it will be once the set is moved into ``out``."""
+    if path is None:
+        return None
+    try:
+        return str(out / Path(path).relative_to(stage))
+    except ValueError:  # not in the stage (a runner that wrote elsewhere): as it is
+        return path
+
+
 def _empty() -> dict[str, dict]:
     return {k: {"predicted": None, "measured": None, "error_pct": None} for k, _, _ in QUANTITIES}
 
@@ -558,7 +633,10 @@ def summarize(rows: list[ValidationRow]) -> dict:
     out["times_not_comparable"] = [r.label for r in ran if r.quantities["step_s"].get("not_comparable")]
     out["allocator_errors"] = {key: abs_error_stats([(r.allocator or {}).get("quantities", {}).get(key, {}).get(
         "error_pct") for r in ran]) for key, _, _ in ALLOCATOR_QUANTITIES}
-    pairs = [(r.quantities["step_s"]["predicted"], r.quantities["step_s"]["measured"]) for r in ran]
+    # the ordering of times that are not comparable is not compared either (a review: a GPU profile on a CPU read
+    # "Kendall tau ...: -1.0" beside "step time | 0 plans compared | not comparable")
+    pairs = [(r.quantities["step_s"]["predicted"], r.quantities["step_s"]["measured"]) for r in ran
+             if not r.quantities["step_s"].get("not_comparable")]
     pairs = [(p, m) for p, m in pairs if p is not None and m is not None]
     out["kendall_tau_step_time"] = kendall_tau([p for p, _ in pairs], [m for _, m in pairs])
     return out
@@ -592,6 +670,15 @@ def not_comparable_words(summary: dict) -> str:
     if not apart or summary["errors"]["step_s"]["plans"]:
         return ""
     return summary.get("times_not_comparable_why") or "the profile describes another kind of device than the runs'"
+
+
+def _tau_text(summary: dict) -> str:
+    """The report's Kendall tau: "not comparable" where the step times are (`not_comparable_words`), as the step-time
+    row beside it says; "—" where fewer than two plans were compared."""
+    tau = summary["kendall_tau_step_time"]
+    if tau is None and not_comparable_words(summary):
+        return NOT_COMPARABLE
+    return "—" if tau is None else str(round(tau, 3))
 
 
 def summary_line(summary: dict) -> str:
@@ -714,8 +801,7 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
         lines.append(f"| {r.label} | {r.status} | " + " | ".join(cells) + " |")
     lines += ["", "## Summary", "", f"- plans: {summary['plans']}, ran: {summary['ran']}, failed: {summary['failed']} "
               f"(out of memory: {summary['oom']})",
-              f"- Kendall tau, predicted vs measured ordering of step times: "
-              f"{'—' if summary['kendall_tau_step_time'] is None else round(summary['kendall_tau_step_time'], 3)}",
+              f"- Kendall tau, predicted vs measured ordering of step times: {_tau_text(summary)}",
               "", "| quantity | plans compared | median abs error | mean abs error | max abs error |",
               "|---|---:|---:|---:|---:|"]
     not_compared = summary.get("alltoall_not_compared")  # an expert-parallel validation says why, never drops it
@@ -861,54 +947,70 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
                         f"memo-exec does not implement), so no run would be of the plans; give --dtype bf16 or fp32")
     check_outputs(out_dir, report_path, profile, device, record)  # before any plan is predicted, written or run
     out = Path(out_dir)
-    load0 = _load_1min()
-    with CpuShareMeter() as share:
-        rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=out, progress=progress,
-                              budget_s=budget_s, runner=runner, speed_retries=speed_retries, layout=layout,
-                              micro_batches=micro_batches)
-    summary = summarize(rows)
-    summary["load_average_1min"] = [load0, _load_1min()]
-    summary["cpu_share"] = share.result.to_dict() if share.result is not None else None
-    summary["cpu_threads"] = cpu_threads(profile) if device == "cpu" else None
-    from memo_sim.api import attention_pricing_words  # noqa: PLC0415
+    from memo_sim.fileio import output_folder  # noqa: PLC0415
 
-    summary["attention_pricing"] = attention_pricing_words(model, layout or Layout(), [p.seq for p in plans], profile)
-    summary["moe_block_notes"] = moe_block_notes(model, plans)
-    # under the policies whose replay a run was compared with (not a static plan's, nor a plan that did not run)
-    summary["allocator_notes"] = allocator_notes([p for p, r in zip(plans, rows)
-                                                  if (r.allocator or {}).get("status") == "compared"])
-    summary["oversubscribed"] = [r.label for r in rows if r.oversubscribed]
-    if summary["times_not_comparable"]:  # the runs' own rule said it (`times_apart`); the words name the two devices
-        summary["times_not_comparable_why"] = (
-            f"the profile {profile.name} describes a {profile.device_kind} device and the runs ran on {device}, so its "
-            f"times are predictions of another machine (calibrate this machine to validate a profile of it)")
-    if model.moe and (layout or Layout()).ep > 1 and not summary["errors"]["alltoall_layer_s"]["plans"]:
-        summary["alltoall_not_compared"] = alltoall_not_compared_why(rows)
-    if device == "cpu":
-        summary["speed"] = run_speeds([(r.label, r.speed_probe, r.discarded_drifts_pct) for r in rows
-                                       if r.status == "ran"], (profile.provenance or {}).get("speed_probe"))
-    ran = [r for r in rows if r.status == "ran"]
-    figure, dev = None, device
-    if ran:
-        from memo_exec.figures import overlay_gantt
-        from memo_sim.timeline import Timeline
+    # everything validate writes into --out (plans/, runs/, the report, validation.json, the figure) is staged and
+    # moved in as one set at the end (`memo_sim.fileio.OutputFolder`, what `memo-exec run --out` uses): a failure or
+    # an interrupt (Ctrl-C, SIGTERM) leaves --out as it was (a review: an interrupted validation left a new plans/
+    # and runs/ beside the old validation.md)
+    with output_folder(out, "memo-exec validate") as outf:
+        stage = outf.stage
+        load0 = _load_1min()
+        with CpuShareMeter() as share:
+            rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=stage,
+                                  progress=progress, budget_s=budget_s, runner=runner, speed_retries=speed_retries,
+                                  layout=layout, micro_batches=micro_batches)
+        summary = summarize(rows)
+        summary["load_average_1min"] = [load0, _load_1min()]
+        summary["cpu_share"] = share.result.to_dict() if share.result is not None else None
+        summary["cpu_threads"] = cpu_threads(profile) if device == "cpu" else None
+        from memo_sim.api import attention_pricing_words  # noqa: PLC0415
 
-        worst = max(ran, key=lambda r: abs(r.quantities["step_s"]["error_pct"] or 0.0))
-        measured = Path(worst.run_dir or "") / "measured.json"
-        if worst.predicted_timeline is not None and measured.exists():
-            mt = Timeline.read_json(measured)
-            dev = mt.meta.get("device") or device
-            figure = str(overlay_gantt(worst.predicted_timeline, mt, out / FIGURE_NAME,
-                                       f"{worst.label}: predicted vs measured"))
-    target = Path(report_path) if report_path else out / REPORT_NAME
-    if figure is not None:  # a link relative to the report, which may lie elsewhere (--report)
-        figure = os.path.relpath(os.path.abspath(figure), os.path.dirname(os.path.abspath(target)))
-    text = render_report(rows, summary, model, profile, str(dev), command, figure, layout)
-    atomic_write_text(target, text)
-    json_path = atomic_write_json(out / JSON_NAME, {
-        "model": model.to_dict(), "layout": (layout or Layout()).label(), "profile": profile.name,
-        "profile_path": profile.path, "device": str(dev),
-        "command": command, "summary": summary, "rows": [r.to_dict() for r in rows]})
+        summary["attention_pricing"] = attention_pricing_words(model, layout or Layout(), [p.seq for p in plans],
+                                                               profile)
+        summary["moe_block_notes"] = moe_block_notes(model, plans)
+        # under the policies whose replay a run was compared with (not a static plan's, nor a plan that did not run)
+        summary["allocator_notes"] = allocator_notes([p for p, r in zip(plans, rows)
+                                                      if (r.allocator or {}).get("status") == "compared"])
+        summary["oversubscribed"] = [r.label for r in rows if r.oversubscribed]
+        if summary["times_not_comparable"]:  # the runs' own rule said it (`times_apart`); the words name both devices
+            summary["times_not_comparable_why"] = (
+                f"the profile {profile.name} describes a {profile.device_kind} device and the runs ran on {device}, so "
+                f"its times are predictions of another machine (calibrate this machine to validate a profile of it)")
+        if model.moe and (layout or Layout()).ep > 1 and not summary["errors"]["alltoall_layer_s"]["plans"]:
+            summary["alltoall_not_compared"] = alltoall_not_compared_why(rows)
+        if device == "cpu":
+            summary["speed"] = run_speeds([(r.label, r.speed_probe, r.discarded_drifts_pct) for r in rows
+                                           if r.status == "ran"], (profile.provenance or {}).get("speed_probe"))
+        ran = [r for r in rows if r.status == "ran"]
+        figure, dev = None, device
+        if ran:
+            from memo_exec.figures import overlay_gantt
+            from memo_sim.timeline import Timeline
+
+            worst = max(ran, key=lambda r: abs(r.quantities["step_s"]["error_pct"] or 0.0))
+            measured = Path(worst.run_dir or "") / "measured.json"
+            if worst.predicted_timeline is not None and measured.exists():
+                mt = Timeline.read_json(measured)
+                dev = mt.meta.get("device") or device
+                overlay_gantt(worst.predicted_timeline, mt, stage / FIGURE_NAME,
+                              f"{worst.label}: predicted vs measured")
+                figure = str(out / FIGURE_NAME)  # where it will be
+        for r in rows:  # the paths the rows name: where the set will be, not the stage
+            r.plan_file, r.run_dir = _moved(r.plan_file, stage, out), _moved(r.run_dir, stage, out)
+        target = Path(report_path) if report_path else out / REPORT_NAME
+        if figure is not None:  # a link relative to the report, which may lie elsewhere (--report)
+            figure = os.path.relpath(os.path.abspath(figure), os.path.dirname(os.path.abspath(target)))
+        text = render_report(rows, summary, model, profile, str(dev), command, figure, layout)
+        if not report_path:
+            atomic_write_text(stage / REPORT_NAME, text)
+        atomic_write_json(stage / JSON_NAME, {
+            "model": model.to_dict(), "layout": (layout or Layout()).label(), "profile": profile.name,
+            "profile_path": profile.path, "device": str(dev),
+            "command": command, "summary": summary, "rows": [r.to_dict() for r in rows]})
+    json_path = out / JSON_NAME
+    if report_path:  # a file outside the set, written (atomically) once the set is in place
+        atomic_write_text(target, text)
     if not ran:
         first = next((r.status for r in rows), "")
         raise ExecError(f"no plan ran ({summary['plans']} planned; first: {first}); see {target}")

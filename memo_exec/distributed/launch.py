@@ -182,7 +182,7 @@ def oversubscription(ranks: int, threads: int, cpu: list[dict | None], cores: in
     over = demand > cores + OVERSUBSCRIBED_SLACK_CORES
     line = None
     if over:
-        line = (f"cores oversubscribed: {ranks} ranks x {threads} torch thread{'s' if threads > 1 else ''}"
+        line = (f"cores oversubscribed: {ranks} rank{'s' if ranks > 1 else ''} x {threads} torch thread{'s' if threads > 1 else ''}"
                 + (f" + {others:.2f} cores ({how})" if others is not None else "")
                 + f" = {demand:.1f} on {cores} cores: the ranks waited for cores, so their step times and the errors "
                   f"against the prediction mean little; run fewer ranks or on an idle machine")
@@ -255,11 +255,9 @@ def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, show
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     log_path = Path(out_dir) / "launcher.log"
     env = dict(os.environ)
-    from memo_exec.device import LAUNCHER_THREADS_ENV  # noqa: PLC0415
+    from memo_exec.host_share import default_threads_env  # noqa: PLC0415
 
-    if not env.get("OMP_NUM_THREADS"):  # one thread a rank unless the plan's profile was calibrated with more
-        env["OMP_NUM_THREADS"] = "1"
-        env[LAUNCHER_THREADS_ENV] = "1"
+    default_threads_env(env)  # one thread a rank unless the plan's profile was calibrated with more: every path's rule
     # the ranks run this very package (also when it is not the installed copy)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -363,7 +361,7 @@ def merge_rank_meta(res, payloads: list[dict], world: int, device) -> None:
     probe = slowest_probe([p.get("speed_probe") for p in payloads])
     if probe is not None:
         res.meta["speed_probe"] = probe
-    if world > 1 and not device.is_cuda:
+    if not device.is_cuda:  # one rank too (--nproc 1, a one-rank in-process run): the same words
         threads = int((res.meta.get("cpu_threads") or {}).get("threads") or 1)
         try:
             load = float(os.environ[LOAD_ENV])
