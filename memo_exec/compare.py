@@ -101,12 +101,15 @@ def resimulate(plan, layers: int):
 def stale_prediction(plan, sim) -> str | None:
     """Why the plan's stored prediction is not what the simulator predicts for it now -- a hand-edited plan, or one
     predicted with another profile or memo version -- or None; ``sim`` is the plan re-simulated as it stands
-    (`resimulate` with every layer). The rule is `memo-sim check-plan`'s (`memo_sim.plan.stale`)."""
+    (`resimulate` with every layer). The rule is `memo-sim check-plan`'s (`memo_sim.plan.stale`), over every
+    number the report compares: the step time, MFU, tokens/s, exposed copy time, the peaks and the plan's
+    ``layer_timings_s`` (`memo_sim.plan.stale.stale_plan`; a review's plan with every layer timing x 10, or its MFU
+    set to 0.9, was compared with without a warning, its step time unchanged)."""
     if sim is None:
         return None
-    from memo_sim.plan.stale import stale_prediction as stale_words  # noqa: PLC0415
+    from memo_sim.plan.stale import stale_plan  # noqa: PLC0415
 
-    words = stale_words(plan.predicted, sim.status, sim.iteration_s, getattr(sim, "peak_gpu_bytes", None))
+    words = stale_plan(plan, sim)
     if words is None:
         return None
     why = ("the plan was edited, or predicted with another profile or memo version" if plan.predicted.source ==

@@ -89,7 +89,8 @@ class Comparison:
 
 def stale_line(stale: str) -> str:
     """The one line a run prints (stderr, report.md) for a stale stored prediction."""
-    return f"warning: {stale}; the totals compare with the re-simulation, not with the stored prediction"
+    return (f"warning: {stale}; the totals and the layer rows compare with the re-simulation, not with the stored "
+            f"prediction")
 
 
 def whole_prediction(plan, n: int, sim, sim_note: str, other_profile: bool, stale: str | None = None
@@ -125,7 +126,7 @@ def compare_run(res: RunResult) -> Comparison:
     ptl = sim.timeline if sim is not None else None
     rank0 = ptl.of_device(0) if ptl is not None else None
     breakdown = sim_memory_breakdown(plan, n)
-    lt, lt_name = predicted_layer_timings(plan, pred, stale, other_profile, sim_note)
+    lt, lt_name = predicted_layer_timings(plan, pred, stale, other_profile, sim_note, layers=n)
     totals = totals_rows(res, pred, source, lt, lt_name)
     if plan.layout.metp:
         totals += ring_rows(measured, sim, sim_note)
@@ -137,18 +138,26 @@ def compare_run(res: RunResult) -> Comparison:
                       layer_timings=lt, layer_timings_from=lt_name)
 
 
-def predicted_layer_timings(plan, pred: dict, stale: str | None, other_profile: bool, sim_note: str
-                            ) -> tuple[dict, str]:
+def predicted_layer_timings(plan, pred: dict, stale: str | None, other_profile: bool, sim_note: str,
+                            layers: int | None = None) -> tuple[dict, str]:
     """(one layer's predicted times, where they come from) for the per-layer rows and ``layers.png``: from the
     same prediction as the iteration rows (``pred``, `whole_prediction`) wherever those come from the
-    re-simulation -- a ``stale`` plan, or ``--profile`` (``other_profile``: `memo_exec.runner` has set
+    re-simulation -- a ``stale`` plan, ``--profile`` (``other_profile``: `memo_exec.runner` has set
     ``plan.profile`` to it, so the plan's stored ``layer_timings_s`` are another profile's and must not stand
-    beside the re-simulation's iteration time) -- else the plan's stored ``layer_timings_s``."""
+    beside the re-simulation's iteration time), or ``--layers N`` (``layers``, the layers that ran, other than the
+    plan's: the policy decides per layer count what a layer offloads and recomputes, so the plan's stored one-layer
+    times are another model's; a review's 2-layer run of the README's 4-layer MEMO toy read offload 0.264 ms "from
+    plan.layer_timings_s" beside a stream table and a per-layer table of a re-simulation that offloads nothing) --
+    else the plan's stored ``layer_timings_s``."""
     if other_profile and not pred:  # the simulator did not predict on --profile: nothing of the plan's stands in
         return {}, f"not predicted with --profile {plan.profile}: {sim_note}"
     if other_profile:
         return dict(pred.get("layer_timings_s") or {}), \
             f"the re-simulation's layer timings (--profile {plan.profile})"
+    if layers is not None and layers != plan.model.layers:
+        if pred.get("layer_timings_s") is None:  # the re-simulation failed: the plan's are another model's
+            return {}, f"not predicted for {layers} of the plan's {plan.model.layers} layers: {sim_note}"
+        return dict(pred["layer_timings_s"]), f"the re-simulation's layer timings ({layers} layers)"
     if stale and pred.get("layer_timings_s") is not None:
         return dict(pred["layer_timings_s"]), "the re-simulation's layer timings"
     return dict(plan.layer_timings_s or {}), "plan.layer_timings_s"
@@ -500,6 +509,15 @@ def offload_line(pd: dict, pinned_bytes: int) -> str:
             f"({'; '.join(moved) or 'nothing'}); pinned pool {pinned_bytes / GiB:.4f} GiB")
 
 
+def iteration_tokens_words(m: dict) -> str:
+    """The tokens an iteration trains, for report.md's title: ``meta["tokens"]`` (`memo_exec.runner.Executor.describe`:
+    batch x sequence, a multi-rank run's x dp, `memo_exec.distributed.runner`), with the sequences and their length
+    where there are several (a review: a pp 2 run of batch 4 read "256 tokens", one sequence's, for 1,024)."""
+    seq, tokens = m["seq_tokens"], m.get("tokens") or m["seq_tokens"]
+    n = tokens // seq if seq else 1
+    return f"{tokens:,} tokens an iteration" + (f" ({n:,} sequences of {seq:,})" if n > 1 else " (one sequence)")
+
+
 def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | None = None) -> str:
     m, p = (meta or res.meta), res.plan
     st = res.steady
@@ -507,7 +525,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     same = times_comparable(m, p.profile)
     tpct = _pct if same else _not_comparable  # a speed's relative error
     L = []
-    L.append(f"# memo-exec run: {m['model']} — {m['policy']} — {m['seq_tokens']:,} tokens\n")
+    L.append(f"# memo-exec run: {m['model']} — {m['policy']} — {iteration_tokens_words(m)}\n")
     L.append(f"- device: {m['device']}, dtype {m['dtype']}, attention backend {m['attention_backend']} "
              f"(asked: {m['attention_backend_requested']})")
     if m.get("gemm_format", "bf16") != "bf16":  # the layer's linear GEMMs in another format (`memo_exec.gemm_formats`)
@@ -522,7 +540,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
              f"batch {p.batch}; classifier chunk {m['classifier_chunk_tokens']} tokens; data {m['data']}")
     if m["layers"] != m["plan_layers"]:
         L.append(f"- **ran {m['layers']} of the plan's {m['plan_layers']} layers (`--layers {m['layers']}`)**: "
-                 f"per-layer numbers compare with the plan's; whole-iteration numbers use {source}.")
+                 f"whole-iteration predictions from {source}; per-layer ones from {cmp_.layer_timings_from}.")
     else:
         L.append(f"- all {m['layers']} layers run")
     if cmp_.stale:
@@ -537,8 +555,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"- **MoE block under {note}**")
     if m.get("oversubscribed"):  # a multi-rank CPU run whose ranks and other processes wanted more cores than there are
         L.append(f"- **{m['oversubscribed']}**")
-    L.append(f"- steps: {len(res.summaries)}; steady state: the median of each quantity over steps "
-             f"{st['steps_averaged']} "
+    # `memo_exec.measure.steady_state`: `steady_value` (the median) of each time, max() of each memory peak
+    L.append(f"- steps: {len(res.summaries)}; steady state: the median of each time, the maximum of each memory "
+             f"peak, over steps {st['steps_averaged']} "
              f"(step 0 includes warm-up when more than one step ran)")
     if m["device_kind"] != "cuda":
         L.append("- **CPU run**: times are host times of CPU kernels and thread copies, memory is the process RSS; "
@@ -855,7 +874,7 @@ def per_rank_markdown(rows: list[dict], predicted_iteration: float | None, memor
     coords = ["dp", "pp", "cp", "ulysses", "tp"] + (["ep"] if any("ep" in r for r in rows) else [])
     L = ["", "## Per rank", "",
          f"The simulator predicts one representative GPU (iteration {_f(predicted_iteration)} s); every rank "
-         "measured its own steps (steady state: the median over the steps after the warm-up). Busy time per "
+         "measured its own steps (steady state: the median of each time over the steps after the warm-up). Busy time per "
          "stream is the sum of that stream's spans (on CPU the collectives block the calling thread, so their "
          "spans also lie inside the compute spans that issue them).", "",
          "| rank | " + " | ".join("uly" if c == "ulysses" else c for c in coords)

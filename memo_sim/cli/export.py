@@ -32,13 +32,13 @@ def _warn_if_stale(plan_file, plan) -> None:
     stderr: a review exported a plan edited onto a smaller GPU, which no longer fits, with no word of it, and the
     comparison below priced against its stale step time."""
     from memo_sim.engine.simulate import simulate  # noqa: PLC0415
-    from memo_sim.plan.stale import stale_prediction  # noqa: PLC0415
+    from memo_sim.plan.stale import stale_plan  # noqa: PLC0415
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 
     res = simulate(plan.model, plan.layout, plan.batch, plan.seq_tokens, plan.policy, load_profile(plan.profile),
                    keep_timeline=False, schedule=plan.schedule, micro_batch=plan.micro_batch,
                    classifier_chunk_tokens=plan.classifier_chunk_tokens)
-    words = stale_prediction(plan.predicted, res.status, res.iteration_s, res.peak_gpu_bytes)
+    words = stale_plan(plan, res)  # every number a report compares, the plan's layer_timings_s too
     if words is None:
         return
     why = f" ({res.failure.message()})" if res.status != "OK" and res.failure is not None else ""

@@ -209,9 +209,9 @@ def check_plan(plan_file, out_format, as_json):
 def _stale_prediction(plan, res) -> str | None:
     """Why the plan's stored prediction is not what it predicts now (an edited plan, another profile or memo
     version), or None (`memo_sim.plan.stale`, memo-exec's rule too)."""
-    from memo_sim.plan.stale import stale_prediction  # noqa: PLC0415
+    from memo_sim.plan.stale import stale_plan  # noqa: PLC0415
 
-    words = stale_prediction(plan.predicted, res.status, res.iteration_s, res.peak_gpu_bytes)
+    words = stale_plan(plan, res)  # every number a report compares, the plan's layer_timings_s too
     if words is None:
         return None
     return (f"{words}: the plan was edited, or predicted with another profile or memo version"
