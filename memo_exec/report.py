@@ -278,6 +278,20 @@ def loss_kernel_note(plan) -> str | None:
             f"with the chunked kernel (memo-sim's default without --framework) to compare like with like")
 
 
+def ulysses_kept_note(plan) -> str | None:
+    """Where the plan's Ulysses backward sends the gradients alone (``Layout.ulysses_bwd_resend`` False: an autograd
+    Ulysses, DeepSpeed's or TransformerEngine's): memo-exec's `UlyssesAttention` then keeps the forward's head-sharded
+    q, k, v and output for the backward beside the sequence-sharded ones its policy stores, which the simulator
+    prices once (memo_exec/distributed/attention.py); None where the plan re-sends them or has no Ulysses."""
+    lay = plan.layout
+    if lay.ulysses == 1 or lay.ulysses_bwd_resend:
+        return None
+    return ("Ulysses backward: as the plan prices it, memo-exec sends the gradients alone and keeps the forward's "
+            "head-sharded q, k, v and output for the backward, beside the sequence-sharded ones its policy stores "
+            "(the simulator prices one copy), so the kept-activation row reads that much above the prediction; plan "
+            "without --framework (memo-exec re-sends them) to compare memory like with like")
+
+
 def _estimate_total(res: RunResult):
     """The executor's whole-peak estimate, or None where it holds the static terms only (a distributed
     rank's estimate does not make the transient terms, `memo_exec.memory_estimate.MemoryEstimate.not_estimated`):
@@ -545,9 +559,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"- all {m['layers']} layers run")
     if cmp_.stale:
         L.append(f"- **{stale_line(cmp_.stale)}**")
-    note = loss_kernel_note(p)
-    if note:
-        L.append(f"- **{note}**")
+    for note in (loss_kernel_note(p), ulysses_kept_note(p)):
+        if note:
+            L.append(f"- **{note}**")
     from memo_exec.activations.registry import moe_block_note  # noqa: PLC0415
 
     note = moe_block_note(p.model, p.policy.name)

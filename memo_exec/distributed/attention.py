@@ -12,9 +12,14 @@ pair is skipped (key chunk later), causal (same chunk) or full, and partial resu
 with the log-sum-exp (`memo_exec.block_attention`: one fused SDPA kernel call per pair, flash /
 memory-efficient on CUDA, the CPU flash kernel on CPU, so no pair's score matrix is built; the
 output and lse accumulate in the accumulation dtype, `memo_exec.device.acc_dtype`). Backward: K/V
-travel the ring again with their dK/dV accumulators (kv heads, accumulation dtype), which arrive
-back at their owner after cp shifts; each pair's gradients come from the kernel's backward given
-the final output and lse; a block's accumulator is waited on only after this rank has computed
+travel the ring again with their dK/dV accumulators (kv heads), which arrive back at their owner
+after cp shifts; the accumulators travel and accumulate in the plan's ``Layout.ring_dkv_fp32`` dtype
+(``dkv_fp32``): the accumulation dtype (True, the ``any`` framework's), or the model's dtype (False: as
+TransformerEngine's p2p CP, Megatron-LM's, does: transformer_engine/pytorch/attention/dot_product_attention/
+context_parallel.py ``AttnFuncWithCPAndKVP2P.backward``, its ``p2p_comm_buffers`` of ``kv.dtype``, as quoted, with
+the version checked, in `memo_sim.cost.ring_attention`'s docs; a review: fp32 always, 1.67x the priced bytes in
+bf16), as `memo_sim.cost.ring_attention.ring_shift_bytes` prices them; each pair's gradients come from the
+kernel's backward given the final output and lse; a block's accumulator is waited on only after this rank has computed
 its part of that block's dK/dV (into a separate buffer), so its shift overlaps the block's
 compute. On CUDA the NCCL P2P runs on NCCL's own stream, so the transfer of block j+1 overlaps
 the attention of block j.
@@ -22,8 +27,18 @@ the attention of block j.
 `UlyssesAttention` (DeepSpeed-Ulysses over the ``ulysses`` group): ``all_to_all_single`` turns
 sequence-sharded q, k, v (all local heads) into head-sharded ones (1/u of the heads, the whole CP
 shard), runs the inner backend (the plan's kernel, or `RingAttention` with CP) and sends the
-output back; the backward re-does the forward all-to-alls from the saved q, k, v, attn rather
-than keeping head-sharded copies. Where tp x u exceeds the model's K/V heads (a GQA model, r =
+output back. The backward follows the plan's ``Layout.ulysses_bwd_resend`` (``resend``): True (the ``any``
+framework's) re-does the forward all-to-alls from the saved q, k, v, attn rather than keeping head-sharded
+copies (8 all-to-alls: q, k, v, out, dout in, dq, dk, dv back); False keeps the head-sharded q, k, v and out of the
+forward in the backend's ``aux`` (``ulysses_heads``) and sends dout alone before the inner backward, then dq, dk,
+dv back (4 all-to-alls), as an autograd Ulysses does (DeepSpeed's ``_SeqAllToAll``, whose backward all-to-alls
+the incoming gradient only; TransformerEngine's ``AttnFuncWithCPAndQKVOA2A.backward``: dout, then dq, dk, dv; as
+`memo_sim.cost.layer_time._ulysses_backward_resend` cites them, not re-checked here). Those copies live as long as
+the aux does (to the layer's backward, or under a policy that rebuilds the attention from its recompute),
+beside the policy's sequence-sharded q, k, v and attn: one more set of the four per layer than DeepSpeed holds
+(its attention saves the head-sharded ones alone), counted by the distributed runner's estimate
+(`memo_exec.distributed.runner.DistExecutor._estimate`, ``skeletal_resident``).
+Where tp x u exceeds the model's K/V heads (a GQA model, r =
 tp·u / n_kv, `memo_sim.layout.kv_heads`), each of the rank's K/V heads is repeated r times on the
 head dimension before the all-to-all (`repeat_kv_heads`: head i becomes heads i·r .. i·r + r - 1,
 so query head j still meets K/V head j // (heads / n_kv)), as XTuner's and DeepSpeed's Ulysses do,
@@ -55,8 +70,9 @@ class RingAttention(AttentionBackend):
     name = "ring_cp"
     uses_scratch = False
 
-    def __init__(self, group, cp: int, rank: int, delay_s: float = 0.0) -> None:
+    def __init__(self, group, cp: int, rank: int, delay_s: float = 0.0, dkv_fp32: bool = True) -> None:
         self.group, self.cp, self.rank, self.delay_s = group, cp, rank, delay_s
+        self.dkv_fp32 = dkv_fp32  # dK/dV accumulators in the accumulation dtype, else the model's (module docs)
         self.timer = None  # set by the runner: each ring transfer's wait is a span on "cp_comm"
         self.guard = transfer_guard()  # every ring buffer's transfers and uses (module docs; None: off)
 
@@ -154,7 +170,8 @@ class RingAttention(AttentionBackend):
         # travelling; it is waited on only when ``part`` is ready to be added to it, then sent on.
         # After cp shifts every accumulator is home. ``acc_a`` / ``acc_b``: the accumulator in
         # flight and the one being received (neither is touched before its transfer is waited).
-        part = torch.empty(2, b, hk, s, d, dtype=acc, device=q.device)
+        # the accumulators' dtype: the accumulation dtype, or the model's where the plan says so (module docs)
+        part = torch.empty(2, b, hk, s, d, dtype=acc if self.dkv_fp32 else q.dtype, device=q.device)
         acc_a, acc_b = torch.empty_like(part), torch.empty_like(part)
         dkv_tr = None  # the accumulator shift posted after the previous block
         self._use("backward: own K/V", writes=[(cur, self._kv(self.rank))])
@@ -231,8 +248,9 @@ class UlyssesAttention(AttentionBackend):
     name = "ulysses"
     uses_scratch = False
 
-    def __init__(self, inner: AttentionBackend, group, u: int, kv_repeat: int = 1) -> None:
+    def __init__(self, inner: AttentionBackend, group, u: int, kv_repeat: int = 1, resend: bool = True) -> None:
         self.inner, self.group, self.u = inner, group, u
+        self.resend = resend  # the backward re-sends q, k, v, out (True) or keeps the forward's (module docs)
         self.r = kv_repeat  # each K/V head's copies before the all-to-all (`memo_sim.layout.kv_heads`)
         self.name = f"ulysses({inner.name})"
         self.timer = None  # set by the runner: each all-to-all is a span on the "comm" stream
@@ -272,11 +290,18 @@ class UlyssesAttention(AttentionBackend):
         oh = torch.empty_like(qh)
         aux = self.inner.forward(qh, kh, vh, oh, self._dims(dims), scratch)
         self._back(oh, out, dims)
+        if not self.resend:  # kept for the backward (module docs)
+            aux = {**aux, "ulysses_heads": (qh, kh, vh, oh)}
         return aux
 
     def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims: AttnDims, scratch):
-        qh, kh, vh = self._a2a(q, dims), self._a2a_kv(k, dims), self._a2a_kv(v, dims)
-        oh, doh = self._a2a(out, dims), self._a2a(dout, dims)
+        kept = aux.get("ulysses_heads") if isinstance(aux, dict) else None
+        if kept is not None:
+            qh, kh, vh, oh = kept
+        else:
+            qh, kh, vh = self._a2a(q, dims), self._a2a_kv(k, dims), self._a2a_kv(v, dims)
+            oh = self._a2a(out, dims)
+        doh = self._a2a(dout, dims)
         dqh, dkh, dvh = torch.empty_like(qh), torch.empty_like(kh), torch.empty_like(vh)
         self.inner.backward(doh, qh, kh, vh, oh, aux, dqh, dkh, dvh, self._dims(dims), scratch)
         self._back(dqh, dq, dims)

@@ -121,11 +121,14 @@ class DistExecutor(ExecutorBase):
                               m.n_kv_heads * r // (p * lay.ulysses), m.qk_head_dim, **layer_needs(m))
         if lay.cp > 1:
             device_why_not(self.backend_name, self.device)  # asked for, as a one-device run refuses it
-            inner = RingAttention(ctx.group("cp"), lay.cp, ctx.coord("cp"))
+            # dK/dV in fp32 or the model's dtype, as the plan prices them (``Layout.ring_dkv_fp32``)
+            inner = RingAttention(ctx.group("cp"), lay.cp, ctx.coord("cp"), dkv_fp32=lay.ring_dkv_fp32)
         else:
             inner = select_backend(self.backend_name, self.device, self.dtype, inner_dims,
                                    run_probe=opts.probe_backend, prefer=self.attention_prefer)
-        self.backend = UlyssesAttention(inner, ctx.group("ulysses"), lay.ulysses, r) if lay.ulysses > 1 else inner
+        # the backward re-sends q, k, v, out or keeps the forward's head-sharded ones (``Layout.ulysses_bwd_resend``)
+        self.backend = (UlyssesAttention(inner, ctx.group("ulysses"), lay.ulysses, r, resend=lay.ulysses_bwd_resend)
+                        if lay.ulysses > 1 else inner)
         self.held = self.schedule.layer_indices()
         self.shapes = self.flavour.storage_shapes()
         per_set, self.activation_sets = self.schedule.activation_sets()
@@ -214,6 +217,19 @@ class DistExecutor(ExecutorBase):
         rest = vocab + m.norm_params + D * (m.mtp_norm_params + m.mtp_projection_params // self.flavour.size)
         return sum(sizes) + rest + sum(routed), max(sizes, default=0), rest, sum(routed), max(routed, default=0)
 
+    def _ulysses_kept_bytes(self) -> int:
+        """One layer's head-sharded q, k, v and attention output that `UlyssesAttention` keeps from its forward to
+        its backward where the plan's Ulysses does not re-send them (``Layout.ulysses_bwd_resend`` False), else 0:
+        the inner attention's shapes (the micro-batch's CP shard, 1/(tp u) of the heads, each K/V head repeated r
+        times), in the run's dtype (memo_exec/distributed/attention.py module docs)."""
+        lay, m = self.layout, self.model
+        if lay.ulysses == 1 or lay.ulysses_bwd_resend:
+            return 0
+        r = lay.kv_repeat(m.n_kv_heads, m.heads)
+        rows = self.micro * self.seq // lay.cp
+        width = m.q_dim + r * (m.kv_dim + m.v_dim) + m.attn_dim
+        return rows * width // (self.flavour.size * lay.ulysses) * element_size(self.dtype)
+
     def _estimate(self) -> MemoryEstimate:
         """This rank's static device memory (model states after ZeRO, the policy's activation
         storage, and under a memory plan the layer's arena). The other transient terms are not
@@ -280,6 +296,9 @@ class DistExecutor(ExecutorBase):
         buffers = 0 if not pols else once("buffers") if pols[0].shares_buffers else n * slot("buffers")
         terms = {"model_states": states, "skeletal_resident": n * slot("skeletal_resident") + once("rank_resident"),
                  "buffers": buffers, "lse": n * slot("lse"), "norm_stats": n * slot("norm_stats")}
+        per_lse = pols[0].lse_bytes_per_layer() if pols else 0
+        if per_lse:  # Ulysses keeping its head-sharded tensors in the attention's aux, which lives as its lse does
+            terms["skeletal_resident"] += terms["lse"] // per_lse * self._ulysses_kept_bytes()
         unknown = ["transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"]
         unknown += sorted({k for p in pols for k in p.unsized_terms})  # kept by autograd: not sized before the step
         for k in unknown:

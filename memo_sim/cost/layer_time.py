@@ -196,8 +196,8 @@ def _ulysses_alltoall(model: ModelConfig, layout: Layout, batch: int, seq: int, 
 def _ulysses_backward_resend(model: ModelConfig, layout: Layout, batch: int, seq: int,
                              profile: HardwareProfile) -> list[OpCost]:
     """The all-to-alls a Ulysses backward that keeps no head-sharded tensors sends besides the gradients'
-    (``layout.ulysses_bwd_resend``): memo's executor (memo_exec/distributed/attention.py
-    UlyssesAttention.backward) sends q, k and v (each K/V head repeated r times) and the attention output out to
+    (``layout.ulysses_bwd_resend``, True for memo's own plans): memo's executor (memo_exec/distributed/attention.py
+    UlyssesAttention.backward, which follows the flag) sends q, k and v (each K/V head repeated r times) and the attention output out to
     head-sharded again before the kernel's backward, beside dout, and dq, dk, dv back after it: 8 all-to-alls where
     an autograd Ulysses sends the 4 of the gradients (DeepSpeed's _SeqAllToAll; TransformerEngine's
     AttnFuncWithCPAndQKVOA2A.backward, dout then dq, dk, dv), which ``alltoall_qkv`` and ``alltoall_attn`` price.

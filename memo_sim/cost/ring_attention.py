@@ -31,8 +31,9 @@ travel in the dtype the framework accumulates them in (`ring_shift_bytes`): the 
 p2p CP (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
 AttnFuncWithCPAndKVP2P.backward outside FP8: ``p2p_comm_buffers = [torch.empty((2, *kv.shape), dtype=kv.dtype,
 ...)]`` and ``dkv = p2p_comm_buffers[(i + 1) % 2][1]``, the version the code search stores, no commit pinned);
-fp32 for memo's executor (memo_exec/distributed/attention.py RingAttention.backward: ``part``, ``acc_a``,
-``acc_b`` of `memo_exec.device.acc_dtype`; ``Layout.ring_dkv_fp32``, the ``any`` framework's data) and
+fp32 for memo's own plans (memo_exec/distributed/attention.py RingAttention.backward: ``part``, ``acc_a``,
+``acc_b`` of `memo_exec.device.acc_dtype`, or the model's dtype where a plan's ``Layout.ring_dkv_fp32`` is False;
+True in the ``any`` framework's data) and
 PyTorch's CP (``ring_merge`` torch_cp), twice the bytes of a bf16 model's (a review found memo's executor's
 priced at the model dtype's); ring-flash-attention (``dk_buffer.to(torch.float32)``) too.
 
@@ -152,7 +153,7 @@ def ring_shift_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int, g
     """Bytes of one K/V shift of a rank (``grads``: of its dK/dV accumulators): `ring_kv_elements` in the
     model's dtype, the accumulators in the element size the ring sends them in where it says one
     (`memo_sim.layout.ring_merge`: fp32 for PyTorch's CP), else in fp32 where the framework accumulates them so
-    (``layout.ring_dkv_fp32``: memo's executor's `memo_exec.device.acc_dtype`; module docs)."""
+    (``layout.ring_dkv_fp32``, which memo's executor follows; module docs)."""
     size = DTYPE_BYTES[model.dtype]
     if grads:
         size = ring_merge(layout.ring_merge).dkv_element_bytes(size, layout.ring_dkv_fp32)

@@ -39,8 +39,8 @@ policies, and how it runs what the simulator models as a switch
   ``query_heads`` (every K/V head repeated to the query heads) or ``whole`` (never repeated:
   TransformerEngine's all-to-all CP; `memo_sim.layout.kv_heads`);
 - ``ulysses_bwd_resend`` (optional, default false): the framework's Ulysses backward all-to-alls q, k, v, the
-  attention output and its gradient to head-sharded again before the kernel's backward (memo's executor,
-  memo_exec/distributed/attention.py UlyssesAttention.backward), where an autograd implementation keeps the
+  attention output and its gradient to head-sharded again before the kernel's backward (memo's own plans;
+  memo_exec/distributed/attention.py UlyssesAttention runs either as the plan says), where an autograd one keeps the
   head-sharded tensors from the forward and sends the gradients alone (DeepSpeed's _SeqAllToAll, Megatron's
   TransformerEngine a2a CP; `memo_sim.cost.layer_time`);
 - ``head_grads_unit`` (optional, default false): under ZeRO 2 / 3 the framework holds the gradients of the

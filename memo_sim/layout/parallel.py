@@ -98,12 +98,13 @@ out of `Layout.to_dict`).
 ``minimal``, as few repeats as give every rank one head, left out of `Layout.to_dict`; ``query_heads``,
 XTuner 2024's repeat to the query heads).
 ``ulysses_bwd_resend``: Ulysses' backward all-to-alls the attention's inputs and output again before the kernel's
-backward (memo's executor: q, k, v, out and dout to head-sharded, then dq, dk, dv back; True, set by the ``any``
-framework's data) where a framework's autograd keeps the head-sharded tensors and sends the gradients alone (dout,
-then dq, dk, dv: False, left out of `Layout.to_dict`; `memo_sim.cost.layer_time`). ``ring_dkv_fp32``: ring CP's
-dK/dV accumulators travel in fp32 (memo's executor accumulates them in `memo_exec.device.acc_dtype`; True, set by
-the ``any`` framework's data) rather than the model's dtype (TransformerEngine's p2p CP; False, left out of
-`Layout.to_dict`; `memo_sim.cost.ring_attention.ring_shift_bytes`). ``head_grads_unit``: under ZeRO 2 / 3 the
+backward (memo's executor by default: q, k, v, out and dout to head-sharded, then dq, dk, dv back; True, set by the
+``any`` framework's data) where a framework's autograd keeps the head-sharded tensors and sends the gradients alone
+(dout, then dq, dk, dv: False, left out of `Layout.to_dict`; `memo_sim.cost.layer_time`); memo's executor runs
+either as the plan says (`memo_exec.distributed.attention.UlyssesAttention` ``resend``). ``ring_dkv_fp32``: ring
+CP's dK/dV accumulators travel in fp32 (True, set by the ``any`` framework's data) rather than the model's dtype
+(TransformerEngine's p2p CP; False, left out of `Layout.to_dict`; `memo_sim.cost.ring_attention.ring_shift_bytes`);
+memo's executor runs either as the plan says (`memo_exec.distributed.attention.RingAttention` ``dkv_fp32``). ``head_grads_unit``: under ZeRO 2 / 3 the
 gradients of the embedding, an untied head and the final norm are held whole together until the step (memo's
 executor: its first gradient unit; True, set by the ``any`` framework's data), where a framework's per-parameter
 buckets reduce-scatter the head's before the embedding's is made (one vocabulary matrix whole at a time: False,
