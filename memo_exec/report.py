@@ -292,6 +292,21 @@ def ulysses_kept_note(plan) -> str | None:
             "without --framework (memo-exec re-sends them) to compare memory like with like")
 
 
+def head_grads_note(plan) -> str | None:
+    """Where the plan's framework reduce-scatters the output head's gradient before the embedding's is made
+    (``Layout.head_grads_unit`` False under ZeRO 2 / 3, an untied head: `memo_sim.cost.memory`'s
+    ``unsharded_grads``): memo-exec holds the embedding's, the head's and the final norm's gradients whole together
+    until the step (its first gradient unit, memo_exec/distributed/zero.py); None where the plan prices that or the
+    difference does not arise."""
+    lay = plan.layout
+    if lay.head_grads_unit or lay.zero < 2 or plan.model.tied_embeddings:
+        return None
+    return ("gradient unit of the embedding and head: the plan's framework reduce-scatters the output head's "
+            "gradient before the embedding's is made; memo-exec holds both, with the final norm's, whole until the "
+            "step (its first gradient unit), so the model-state row reads up to one vocabulary matrix's gradient "
+            "above the prediction; plan without --framework to compare like with like")
+
+
 def _estimate_total(res: RunResult):
     """The executor's whole-peak estimate, or None where it holds the static terms only (a distributed
     rank's estimate does not make the transient terms, `memo_exec.memory_estimate.MemoryEstimate.not_estimated`):
@@ -559,7 +574,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"- all {m['layers']} layers run")
     if cmp_.stale:
         L.append(f"- **{stale_line(cmp_.stale)}**")
-    for note in (loss_kernel_note(p), ulysses_kept_note(p)):
+    for note in (loss_kernel_note(p), ulysses_kept_note(p), head_grads_note(p)):
         if note:
             L.append(f"- **{note}**")
     from memo_exec.activations.registry import moe_block_note  # noqa: PLC0415

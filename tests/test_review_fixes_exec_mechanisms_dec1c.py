@@ -246,3 +246,18 @@ def test_the_report_says_where_memo_exec_keeps_ulysses_head_sharded_copies():
     assert "head-sharded" in ulysses_kept_note(NS(layout=Layout(ulysses=2)))
     assert ulysses_kept_note(NS(layout=Layout(ulysses=2, ulysses_bwd_resend=True))) is None
     assert ulysses_kept_note(NS(layout=Layout())) is None
+
+
+def test_the_report_says_where_memo_exec_holds_the_head_and_embedding_gradients_together():
+    """``head_grads_unit`` False (a framework's buckets reduce-scatter the head's gradient first) is not how memo-exec
+    runs ZeRO 2 / 3 (its first gradient unit holds both): report.md says why the model-state row reads above."""
+    from types import SimpleNamespace as NS
+
+    from memo_exec.report import head_grads_note
+    from memo_sim.layout.parallel import Layout
+
+    untied, tied = NS(tied_embeddings=False), NS(tied_embeddings=True)
+    assert "first gradient unit" in head_grads_note(NS(layout=Layout(dp=2, zero=3), model=untied))
+    assert head_grads_note(NS(layout=Layout(dp=2, zero=3, head_grads_unit=True), model=untied)) is None
+    assert head_grads_note(NS(layout=Layout(dp=2, zero=1), model=untied)) is None
+    assert head_grads_note(NS(layout=Layout(dp=2, zero=3), model=tied)) is None
