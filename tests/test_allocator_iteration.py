@@ -215,9 +215,10 @@ def test_store_all_keeps_each_skeletal_tensor_from_its_forward_to_its_backward()
 
 
 def test_full_recompute_keeps_layer_inputs_and_rebuilds_the_rest_in_the_backward():
-    """Full recompute keeps x_i and lse per layer; when the classifier starts, live bytes are the
-    static ones + (n + 1) layer outputs x_0..x_n + n lse (closed form). The recomputed tensors
-    (total - input) are allocated and freed inside each layer's backward phase."""
+    """Full recompute keeps x_i per layer and no lse (the recompute rebuilds it: `Policy.keeps_lse`, as memo-exec's
+    ``after_forward`` drops it); when the classifier starts, live bytes are the static ones + (n + 1) layer outputs
+    x_0..x_n (closed form). The recomputed tensors (total - input) and the rebuilt lse are allocated and freed
+    inside each layer's backward phase."""
     lay = Layout(tp=2)
     s = iteration_stream(TINY, lay, 1, 4096, get_policy("full_recompute"))
     sk = skeletal_bytes(TINY, lay, 1, 4096)
@@ -229,10 +230,10 @@ def test_full_recompute_keeps_layer_inputs_and_rebuilds_the_rest_in_the_backward
             live += sz
         else:
             live -= sizes.pop(b)
-    assert live == pytest.approx(s.static_bytes + (n + 1) * sk["input"] + n * sk["lse"], abs=4 * n)
+    assert live == pytest.approx(s.static_bytes + (n + 1) * sk["input"], abs=4 * n)
     rec = [b for k, b, _ in s.iteration if k == MALLOC and b.startswith("L1.rec.")]
     assert sum(sz for k, b, sz in s.iteration if b in rec and k == MALLOC) == pytest.approx(
-        sk["total"] - sk["input"], abs=len(rec))
+        sk["total"] - sk["input"] + sk["lse"], abs=len(rec))
     for b in rec:
         assert s.phase_of[_index(s, MALLOC, b)] == s.phase_of[_index(s, FREE, b)] == n + 2 + (n - 1 - 1)
 
@@ -265,15 +266,19 @@ def test_gpt7b_full_recompute_with_the_gpu_keeping_up_never_reorganises():
     384K tokens: the iteration fits (max live 22 to 37 GiB) and the replay finds no
     reorganisation per steady-state iteration, and no cudaMalloc or cudaFree either: the first
     iteration caches the segments, and because the requests repeat exactly and a freed block is
-    reusable at once, the second iteration's best-fit choices land in the same blocks and leave
-    the cache as they found it (the fixed point the replay checks). This is the model's answer,
+    reusable at once, a later iteration's best-fit choices land in the same blocks and leave
+    the cache as they found it (the fixed point the replay checks, by the third iteration). This is the model's answer,
     not a fit to the MEMO paper: reorganisations need the collectives' blocks held longer (next
     test). Reserved memory stays above the live bytes by the fragmentation (5 to 15 %).
     """
     m, lay, prof = get_model("gpt-7b"), Layout(tp=8), load_profile("a800-80gb")
     for seq in SEQS:
         r = replay_iteration(m, lay, 1, seq, get_policy("full_recompute"), prof)
-        assert not r.oom and r.steady and r.iterations == 2, seq
+        # the cache after the second iteration may differ from the first's and then repeats (the third confirms it):
+        # each recompute's rebuilt lse, allocated in the backward since full recompute keeps none past its forward
+        # (2026-12-01), can take another cached block in the second iteration than in the first; never a
+        # reorganisation, cudaMalloc or cudaFree (below)
+        assert not r.oom and r.steady and r.iterations <= 3, seq
         assert (r.reorganizations, r.cuda_mallocs, r.cuda_frees) == (0, 0, 0), seq
         assert r.stall_seconds(prof) == 0.0
         assert r.max_live_bytes <= r.peak_allocated_bytes <= r.peak_reserved_bytes <= prof.usable_gpu_memory

@@ -68,14 +68,16 @@ def test_hits_equal_misses_with_lag_and_series(policy, lag, series):
 
 
 def test_streams_differing_in_one_request_size_do_not_share():
-    """The classifier chunk changes exactly one request of the stream (the chunk's logits); the
-    two replays are kept apart and each is its own stream's uncached replay."""
+    """The classifier chunk changes only the requests of the chunk's tensors (its logits and the loss's fp32
+    tensors, each its own request: `memo_sim.memplan.iteration_requests._loss_requests`); the two replays are kept
+    apart and each is its own stream's uncached replay."""
     m, prof, pol = get_model("gpt-7b"), load_profile("a800-80gb"), get_policy("full_recompute")
     lay, seq = Layout(tp=8), 128 * K
     s1, s2 = (ir.iteration_stream(m, lay, 1, seq, pol, c) for c in (4 * K, 128 * K))
     assert s1.static == s2.static and s1.phase_of == s2.phase_of and len(s1.iteration) == len(s2.iteration)
     differ = [(x, y) for x, y in zip(s1.iteration, s2.iteration) if x != y]
-    assert len(differ) == 1 and differ[0][0][1] == "cls.chunk" and differ[0][0][2] != differ[0][1][2]
+    assert differ and differ[0][0][1] == "cls.chunk"
+    assert all(x[1] == y[1] and x[1].startswith("cls.") and x[1].endswith("chunk") and x[2] != y[2] for x, y in differ)
     r1 = ir.replay_iteration(m, lay, 1, seq, pol, prof, classifier_chunk_tokens=4 * K)
     r2 = ir.replay_iteration(m, lay, 1, seq, pol, prof, classifier_chunk_tokens=128 * K)
     assert len(rc._REPLAYS) == 2

@@ -173,18 +173,20 @@ def test_maxseq_looks_past_a_failure_of_the_caching_allocators_replay():
     """A review: fitting on the caching allocator is not monotone; maxseq answered 480K (fails at 512K) where
     longer lengths fit. Up to four steps (or +25%) past the failure are tried and reported beside the answer.
     (The review's tp4 x cp2 case moved to 672K with no fit past it when ring CP's dK/dV buffers were held in the
-    model dtype, as TransformerEngine's ring holds them: TP 8 fails and fits past the failure the same way.)"""
+    model dtype, as TransformerEngine's ring holds them; gpt-7b at TP 8, which failed at 512K and fit 640K, fits
+    every length to 672K since the replay requests the loss's logits and their fp32 copy apart and full recompute
+    keeps one rebuilt lse (2026-12-01): llama-3.1-8b at tp4 x dp2 fails and fits past the failure the same way.)"""
     from memo_sim.search.maxseq import max_seq
 
-    ans = max_seq(M7, 8, A800, "full_recompute", step=32 * K, framework="memo-paper", simulate=False,
-                  fixed=dict(tp=8, dp=1, sp=True))
-    assert (ans.max_seq, ans.next_seq) == (480 * K, 512 * K)
-    assert ans.fits_past_failure == (640 * K,) and ans.looked_past_failure_to == 640 * K
+    ans = max_seq(get_model("llama-3.1-8b"), 8, A800, "full_recompute", step=32 * K, framework="memo-paper",
+                  simulate=False, fixed=dict(tp=4, dp=2, sp=True))
+    assert (ans.max_seq, ans.next_seq) == (96 * K, 128 * K)
+    assert ans.fits_past_failure == (160 * K,) and ans.looked_past_failure_to == 192 * K
     d = ans.to_json()
-    assert d["longest_fit_past_failure_tokens"] == 640 * K and d["looked_past_failure_to_tokens"] == 640 * K
-    r = _run(["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "full_recompute", "--tp", "8", "--dp", "1",
-              "--sp", "--framework", "memo-paper", "--step", "32K", "--jobs", "1"])
-    assert "640K also fits past a failure" in r.output and "longer lengths fit past a failure: 640K" in r.output
+    assert d["longest_fit_past_failure_tokens"] == 160 * K and d["looked_past_failure_to_tokens"] == 192 * K
+    r = _run(["maxseq", "--model", "llama-3.1-8b", "--gpus", "8", "--policy", "full_recompute", "--tp", "4", "--dp",
+              "2", "--sp", "--framework", "memo-paper", "--step", "32K", "--jobs", "1"])
+    assert "160K also fits past a failure" in r.output and "longer lengths fit past a failure: 160K" in r.output
 
 
 def test_explain_and_maxseq_say_the_lumped_peak_decides_fit_under_full_recompute(tmp_path):

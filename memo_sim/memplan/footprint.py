@@ -1,8 +1,9 @@
 """Peak GPU memory and pinned host memory of one training iteration, by policy.
 
 peak = model states + skeletal bytes the policy keeps resident + its static skeletal buffers
-+ every layer's lse + max(one layer's transient peak + the activation handed between layers,
-the classifier's peak).
++ every layer's lse where the policy keeps it (`Policy.keeps_lse`; a policy that re-runs the attention
+holds one layer's, in its recompute buffer) + max(one layer's transient peak + the activation handed
+between layers, the classifier's peak).
 
 Transients: the largest live set of one layer's forward or backward requests (the level-1
 traces of `memo_sim.memplan.trace_gen`). A policy with a static memory plan (MEMO) occupies
@@ -172,7 +173,7 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         model, per_gpu_shard(layout), batch, seq, policy, profile, classifier_chunk_tokens)
     n = model.layers
     states = model_state_bytes(model, layout)
-    lse_all = n * sk["lse"]
+    lse_all = n * sum(b for _n, b in policy.kept_lse(sk))  # none where the recompute rebuilds it (`keeps_lse`)
     transient = planned if uses_memory_plan(policy, layout) else cached
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]
@@ -412,23 +413,35 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     return PipelineMemory(out, host_node)
 
 
-def sppo_host_bytes_per_node(model: ModelConfig, layout: Layout, batch: int, policy: Policy,
-                             profile: HardwareProfile) -> float:
-    """The fullest node's pinned host bytes of an SPPO plan (what `sppo_memory` reports, without the
-    GPU walk: the planner's host-memory bisection asks for it many times)."""
+def sppo_host_stages(model: ModelConfig, layout: Layout, batch: int, policy: Policy,
+                     profile: HardwareProfile) -> list[tuple[int, int, int, float]]:
+    """Per stage of an SPPO plan: (layers, subsequences, offloaded units, pinned host bytes one GPU of the stage
+    holds): the units (subsequence x layer) in schedule order, all but the stage's last `offloaded_layer_count`
+    keep out offloaded, each at its subsequence's alpha (`Policy.shard_unit_bytes`). What `sppo_memory` walks to,
+    without the GPU walk; `sppo_host_bytes_per_node` and the what-if's words (`memo_sim.search.candidate`) read it."""
     from memo_sim.cost.sppo import stage_gpu_shard, stage_layers
-    from memo_sim.layout.parallel import node_stage_gpus
     from memo_sim.policy.rounding_buffers import offloaded_layer_count
 
     shard = stage_gpu_shard(layout)
     scheme, rounding = layout.host_pool, profile.host.pinned_rounding
     n_l = len(stage_layers(model.layers, layout.pp)[0])
-    per_stage = []
+    out = []
     for pieces in policy.stage_pieces(model, layout, batch):
         n_k = len(pieces)
         n_off = offloaded_layer_count(n_k * n_l)
-        per_stage.append(sum(policy.shard_unit_bytes(model, shard, batch, pieces[k], k < n_k - 1, scheme, rounding)
-                             .host_block * max(0, min(n_l, n_off - k * n_l)) for k in range(n_k)))
+        out.append((n_l, n_k, n_off, sum(policy.shard_unit_bytes(model, shard, batch, pieces[k], k < n_k - 1, scheme,
+                                                                  rounding).host_block
+                                         * max(0, min(n_l, n_off - k * n_l)) for k in range(n_k))))
+    return out
+
+
+def sppo_host_bytes_per_node(model: ModelConfig, layout: Layout, batch: int, policy: Policy,
+                             profile: HardwareProfile) -> float:
+    """The fullest node's pinned host bytes of an SPPO plan (what `sppo_memory` reports, without the
+    GPU walk: the planner's host-memory bisection asks for it many times)."""
+    from memo_sim.layout.parallel import node_stage_gpus
+
+    per_stage = [b for _l, _k, _o, b in sppo_host_stages(model, layout, batch, policy, profile)]
     per_node = node_stage_gpus(layout, profile.node_gpus)
     return max(sum(n * per_stage[st] for st, n in stages.items()) for stages in per_node.values())
 

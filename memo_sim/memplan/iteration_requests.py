@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
+from memo_sim.cost.loss_kernels import FP32, loss_kernel
 from memo_sim.cost.memory import (CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, loss_bytes_per_logit,
                                   loss_tokens, model_state_parts, mtp_activation_bytes, mtp_module_parts)
 from memo_sim.layout.parallel import Layout
@@ -271,7 +272,7 @@ class _StreamRecipe:
 
     static: tuple[Request, ...]
     x: int  # the activation handed between layers (embedding output, gradients, final norm)
-    logits: int  # one classifier chunk's working bytes
+    logits: tuple[Request, ...]  # the loss's requests over one chunk of logits, ids without a prefix (`_loss_requests`)
     templates: _LayerTemplates
     recomputes: tuple[bool, ...]  # per layer: its backward runs the recompute template
     # the multi-token-prediction modules' tensors kept over the head, each its own request (`_mtp_requests`)
@@ -281,7 +282,7 @@ class _StreamRecipe:
     def request_sizes(self) -> set[int]:
         """The sizes the iteration's requests ask for."""
         t = self.templates
-        chunk = set() if self.chunk_in_arena else {self.logits}
+        chunk = set() if self.chunk_in_arena else {size for kind, _bid, size in self.logits if kind == MALLOC}
         return {self.x} | chunk | {size for tpl in (t.forward, t.backward, t.backward_recompute, self.mtp)
                                    for kind, _bid, size in tpl if kind == MALLOC}
 
@@ -342,13 +343,57 @@ def _stream_recipe(model: ModelConfig, layout: Layout, batch: int, seq: int, pol
     # the main head's own term: the modules' share (`mtp_activation_bytes`) is requested tensor by tensor
     head = (classifier_peak_bytes(model, layout, batch, seq, classifier_chunk_tokens, recompute_mtp=rec_mtp)
             - mtp_activation_bytes(model, layout, batch, seq, rec_mtp))
-    logits = _nbytes(max(1.0, head - 2 * sk["input"]))
+    logits = _loss_requests(model, layout, batch, seq, head - 2 * sk["input"], classifier_chunk_tokens)
     # a review: the replay asked the caching allocator for the 14.48 GiB chunk of gpt-7b at 1M on MEMO's plan and
     # ran out of memory, where memo-exec puts it in the 20 GiB arena (`chunk_in_arena`)
     in_arena = chunk_in_arena(model, layout, batch, seq, templates.arena, classifier_chunk_tokens)
     return _StreamRecipe(tuple(static), x, logits, templates,
                          tuple(bool(policy.recomputes_layer(i, n)) for i in range(n)),
                          _mtp_requests(model, layout, batch, seq, rec_mtp), in_arena)
+
+
+def _loss_requests(model: ModelConfig, layout: Layout, batch: int, seq: int, working: float,
+                   classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS) -> tuple[Request, ...]:
+    """The head's requests over one chunk of logits (ids without a prefix; the head's phase frees them in the order
+    given), each tensor its own malloc as PyTorch makes them, not one block of their sum (a review: a DeepSpeed
+    Ulysses run's 90112 tokens x 128256 logits asked for one 64.5 GiB block, where Megatron-LM's vocab-parallel loss
+    has the output layer's bf16 logits, 21.5 GiB, and their ``.float()`` copy, 43 GiB, allocated apart:
+    megatron/core/tensor_parallel/cross_entropy.py). The tensors are the loss kernel's (`memo_sim.cost.loss_kernels`,
+    the one place its bytes per logit live): the logits in the model dtype where it keeps them, then one fp32
+    tensor of the chunk per 4 of its ``live_fp32`` bytes, the first the widened copy (memo-exec's ``ChunkedHead``,
+    memo_exec/model.py, out of the arena: ``torch.mm`` then ``logits.to(acc)``, two allocations; Megatron's
+    ``.float()``; torch's ``F.cross_entropy(logits.float())``), the rest what the kernel writes beside it
+    (log_softmax's output). A kernel whose backward holds more (``live_floor``: torch's log_softmax backward) then
+    frees the logits and the copy and allocates the nll gradient and log_softmax's input gradient beside the saved
+    output. ``working``: the head's bytes less the rank's final-norm output and its gradient, which the stream
+    requests apart (``x`` each); what it holds beyond the loss's tensors (the rows gathered for the vocab-parallel
+    head under sequence parallelism and their gradient, or the fp32 bytes of a gradient accumulated in fp32,
+    torchtitan's ``GradAccumulator``: `memo_sim.cost.memory.classifier_peak_bytes`) is one more request
+    (``final_hidden_rest.chunk``), live over the head."""
+    k = loss_kernel(layout.cross_entropy)
+    d = DTYPE_BYTES[model.dtype]
+    per_tensor = loss_tokens(layout, batch, seq, classifier_chunk_tokens) * model.vocab / layout.tp
+    kept_logits = d if d != FP32 or k.chunked else 0  # fp32 logits need no copy (`LossKernel.live_bytes_per_logit`)
+    fwd = ([("chunk", per_tensor * kept_logits)] if kept_logits else []) + [
+        ("fp32_copy.chunk" if j == 0 else f"fp32_{j}.chunk", per_tensor * FP32) for j in range(k.live_fp32 // FP32)]
+    live = [bid for bid, b in fwd if b > 0]
+    rest = working - per_tensor * k.live_bytes_per_logit(d)
+    reqs: list[Request] = [(MALLOC, "final_hidden_rest.chunk", _nbytes(rest))] if rest >= 1.0 else []
+    reqs += [(MALLOC, bid, _nbytes(b)) for bid, b in fwd if b > 0]
+    saved = k.live_fp32 - FP32 if k.live_fp32 else 0  # its forward's fp32 bytes past the copy, kept for the backward
+    if k.live_floor > kept_logits + k.live_fp32:  # the backward's moment without the logits and their copy
+        for bid in live[:2 if kept_logits else 1]:
+            reqs.append((FREE, bid, 0))
+        live = live[2 if kept_logits else 1:]
+        grads = [f"fp32_grad_{j}.chunk" for j in range((k.live_floor - saved) // FP32)]
+        reqs += [(MALLOC, bid, _nbytes(per_tensor * FP32)) for bid in grads]
+        live += grads
+    reqs += [(FREE, bid, 0) for bid in reversed(live)]
+    if rest >= 1.0:
+        reqs.append((FREE, "final_hidden_rest.chunk", 0))
+    if not reqs:  # nothing to hold (a degenerate head): one byte, as before, so the phase has its request
+        reqs = [(MALLOC, "chunk", 1), (FREE, "chunk", 0)]
+    return tuple(reqs)
 
 
 def _mtp_module_tensors(model: ModelConfig, layout: Layout, batch: int, seq: int, layer_part: float,
@@ -393,22 +438,22 @@ def _build_stream(r: _StreamRecipe, name: str) -> IterationStream:
     return IterationStream(r.static, reqs, phase_of, name=name, phase_names=names)
 
 
-def _mtp_forward(mtp: tuple[Request, ...], logits: int, in_arena: bool = False) -> tuple[Request, ...]:
+def _mtp_forward(mtp: tuple[Request, ...], logits: tuple[Request, ...], in_arena: bool = False) -> tuple[Request, ...]:
     """The modules' forward, one after the other: each one's kept tensors, then its own head's logits and their
-    copies, the main head's size (the same output layer and loss over the same tokens: Megatron-LM
-    multi_token_prediction.py:1013 ``process_mtp_loss`` calls ``output_layer``), freed once its loss is taken. Live
-    beside fewer modules and no final norm, they never raise the head's peak."""
+    copies (`_loss_requests`, under the module's prefix), the main head's sizes (the same output layer and loss
+    over the same tokens: Megatron-LM multi_token_prediction.py:1013 ``process_mtp_loss`` calls ``output_layer``),
+    freed once its loss is taken. Live beside fewer modules and no final norm, they never raise the head's peak."""
     out: list[Request] = []
     modules = sorted({bid.split(".")[0] for _kind, bid, _size in mtp})
     for m in modules:
         out += [r for r in mtp if r[1].split(".")[0] == m]
         if not in_arena:  # memo-exec joins the modules' rows to the main head's chunks (memo_exec/model.py)
-            out += [(MALLOC, f"{m}.chunk", logits), (FREE, f"{m}.chunk", 0)]
+            out += [(kind, f"{m}.{bid}", size) for kind, bid, size in logits]
     return tuple(out)
 
 
 @lru_cache(maxsize=64)
-def _iteration_requests(x: int, logits: int, tpl: _LayerTemplates, recomputes: tuple[bool, ...],
+def _iteration_requests(x: int, logits: tuple[Request, ...], tpl: _LayerTemplates, recomputes: tuple[bool, ...],
                         mtp: tuple[Request, ...] = (), chunk_in_arena: bool = False) -> tuple:
     """(requests, phase of each, phase names) of one iteration: what a stream holds besides its
     static requests and name (recipes that differ only in those share one). ``mtp``: the modules'
@@ -429,10 +474,11 @@ def _iteration_requests(x: int, logits: int, tpl: _LayerTemplates, recomputes: t
     for i in range(n):
         phase += 1
         emit(tpl.forward, i, phase)
-    # classifier: final norm output, one chunk's logits (+ fp32 softmax and gradient), the gradient
-    # of the last layer's output; the last layer's output dies with the final norm's backward
+    # classifier: final norm output, one chunk's logits and the loss's tensors beside them, each its own request
+    # (`_loss_requests`), the gradient of the last layer's output; the last layer's output dies with the final
+    # norm's backward
     phase += 1
-    chunk = () if chunk_in_arena else ((MALLOC, "cls.chunk", logits), (FREE, "cls.chunk", 0))
+    chunk = () if chunk_in_arena else tuple((kind, f"cls.{bid}", size) for kind, bid, size in logits)
     cls = (_mtp_forward(mtp, logits, chunk_in_arena) + ((MALLOC, "cls.final_norm", x),) + chunk
            + ((MALLOC, f"g{n}", x),)
            + tuple((FREE, bid, 0) for _kind, bid, _size in reversed(mtp))

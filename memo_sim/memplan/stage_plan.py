@@ -21,7 +21,8 @@ way `memo_sim.memplan.trace_gen.model_trace` does for a whole model run in one p
 * on the last virtual stage, the classifier runs right after the chunk's last layer forward
   (``final_hidden``, one ``classifier_chunk``) and the gradient it leaves for the backward lives
   until that (chunk, micro-batch)'s first backward layer is done;
-* lse and `Policy.layer_blocks` live from a layer's forward to its backward; `Policy.shared_blocks`
+* lse (where the policy keeps it, `Policy.keeps_lse`) and `Policy.layer_blocks` live from a layer's
+  forward to its backward; `Policy.shared_blocks`
   are taken per (chunk, micro-batch), with that chunk's layers numbered from 0 as the policy sees a
   chunk (the executor runs one policy instance per chunk size and activation slot), from the
   steps that (chunk, micro-batch) occupies (a recompute buffer: one backward's steps, so the
@@ -128,8 +129,7 @@ def stage_model_trace(model: ModelConfig, layout: Layout, micro_batch: int, seq:
         for j, i in enumerate(layers):
             add(f"{tag}.layer{i}.fwd", fwd_block, fs[j], fs[j] + 1, "pseudo", i, "fwd")
             add(f"{tag}.layer{i}.bwd", bwd_block, bs[j], bs[j] + 1, "pseudo", i, "bwd")
-            add(f"{tag}.layer{i}.lse", sk["lse"], fs[j], bs[j] + 1, "skeletal", i)
-            for name, nbytes in policy.layer_blocks(sk):
+            for name, nbytes in policy.kept_lse(sk) + policy.layer_blocks(sk):  # the lse where kept (`keeps_lse`)
                 add(f"{tag}.layer{i}.{name}", nbytes, fs[j], bs[j] + 1, "skeletal", i)
         if layers and not rank_blocks:
             for name, nbytes, lo, hi in policy.shared_blocks(sk, _ChunkSteps(fs, bs), len(layers)):

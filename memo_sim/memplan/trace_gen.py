@@ -40,8 +40,9 @@ tokens' proj and the W_proj ring's double buffer (each flavour's ``recompute_scr
 
 Level 2 (whole model): embedding output, one pseudo block per layer forward and backward of the
 level-1 peak, skeletal blocks by policy (all layers' skeletal tensors for store-all, layer
-inputs for full recompute, two rounding buffers for offloading policies), lse of every layer,
-one classifier chunk's logits, the final hidden state and its gradient.
+inputs for full recompute, two rounding buffers for offloading policies), lse of every layer
+where the policy keeps it (`Policy.keeps_lse`; full recompute's one rebuilt lse is in its recompute
+buffer), one classifier chunk's logits, the final hidden state and its gradient.
 """
 
 from __future__ import annotations
@@ -429,8 +430,7 @@ def model_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     for i in range(n):
         add(f"layer{i}.fwd", fwd_block, st.fwd(i), st.fwd(i) + 1, "pseudo", i, "fwd")
         add(f"layer{i}.bwd", bwd_block, st.bwd(i), st.bwd(i) + 1, "pseudo", i, "bwd")
-        add(f"layer{i}.lse", sk["lse"], st.fwd(i), st.bwd(i) + 1, "skeletal", i)
-        for name, nbytes in policy.layer_blocks(sk):
+        for name, nbytes in policy.kept_lse(sk) + policy.layer_blocks(sk):  # the lse where kept (`keeps_lse`)
             add(f"layer{i}.{name}", nbytes, st.fwd(i), st.bwd(i) + 1, "skeletal", i)
     for name, nbytes, lo, hi in policy.shared_blocks(sk, st, n):
         add(name, nbytes, lo, hi, "skeletal")

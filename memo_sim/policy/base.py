@@ -9,7 +9,9 @@ its name.
 Byte arguments ``sk`` are one layer's per-GPU skeletal bytes by MEMO role, as
 `memo_sim.cost.activations.skeletal_bytes` returns them: ``input`` (the layer input x),
 ``attn`` (attention output), ``other`` (the rest, split token-wise by MEMO), ``lse`` (the
-attention log-sum-exp, kept on the GPU by every policy) and ``total`` (input + attn + other).
+attention log-sum-exp: kept on the GPU from a layer's forward to its backward by every policy whose
+backward reads the forward's, `Policy.keeps_lse`; rebuilt by the recompute of a policy that re-runs the
+whole layer) and ``total`` (input + attn + other).
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ class Policy:
     needs_experts: ClassVar[bool] = False  # only for mixture-of-experts models (it rebuilds MoE tensors)
     # the skeletal roles an offloading policy copies to host whole (the "other" ones by ``offload_fraction_other``)
     offloaded_roles: ClassVar[tuple[str, ...]] = ("input", "attn")
+    # whether each layer's attention lse stays on the GPU from its forward to its backward (every layer's at once);
+    # False where the recompute re-runs the attention and rebuilds it: one layer's lse then lives from its recompute
+    # to the end of its backward, beside the recompute buffer (`recompute_allocated`), as memo-exec holds it
+    # (memo_exec/activations/full_recompute.py ``after_forward``: ``aux = None``, ``device_bytes`` one layer's lse;
+    # Megatron-LM's full recompute, tensor_parallel.checkpoint, saves the layer input alone). The one switch the
+    # analytic footprint (`memo_sim.memplan.footprint`), the level-2 traces (`memo_sim.memplan.trace_gen`,
+    # `memo_sim.memplan.stage_plan`) and the event schedules (through `forward_kept`) read.
+    keeps_lse: ClassVar[bool] = True
     summary: ClassVar[str] = ""
 
     @property
@@ -162,9 +172,14 @@ class Policy:
         """Static working buffers for skeletal tensors (rounding buffers, recompute buffer)."""
         return 0.0
 
+    def kept_lse(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """The attention lse a layer keeps from its forward to its backward, as a (tensor, bytes) list: one layer's
+        lse where `keeps_lse`, else none."""
+        return [("lse", sk["lse"])] if self.keeps_lse else []
+
     def forward_kept(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """(tensor, bytes) a layer allocates at its forward and frees after its backward."""
-        return [("lse", sk["lse"])]
+        return self.kept_lse(sk)
 
     def recompute_allocated(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """(tensor, bytes) allocated when the recompute starts, freed after the backward."""

@@ -10,7 +10,10 @@ the GPU holds no per-layer activation at all, only:
   prefetched back beside layer i+1's backward), the last `KEPT_LAYERS` layers' inputs staying in
   theirs;
 - one recompute buffer: the layer's other skeletal tensors rebuilt from its input by re-running its
-  whole forward (attention included) before its backward, as `full_recompute` does.
+  whole forward (attention included) before its backward, as `full_recompute` does, and that layer's
+  attention lse, which the recompute rebuilds (``keeps_lse`` False, inherited: no layer keeps its lse
+  past its forward; memo_exec/activations/checkpoint_offload.py ``after_forward`` drops it, its
+  ``device_bytes`` count one layer's).
 
 Host memory holds one input per offloaded layer. The copies run on the offload and prefetch
 streams beside the compute, waited for by the rule every offloading policy shares (MEMO's
@@ -39,14 +42,14 @@ class CheckpointOffload(FullRecompute):
         return 0.0  # no layer's input stays on the device past its offload
 
     def forward_kept(self, sk):
-        return [("lse", sk["lse"])]
+        return self.kept_lse(sk)  # none: the input goes to the input buffers, the lse is rebuilt
 
     def layer_blocks(self, sk):
         return []
 
     def buffer_bytes(self, sk):
-        # the two input buffers and the one-layer recompute buffer
-        return N_BUFFERS * sk["input"] + sk["total"] - sk["input"]
+        # the two input buffers and the one-layer recompute buffer (with its rebuilt lse: `recompute_allocated`)
+        return N_BUFFERS * sk["input"] + self.backward_buffer_bytes(sk)
 
     def static_gpu(self, sk):
         return [("input_buffers", N_BUFFERS * sk["input"])]
@@ -55,8 +58,9 @@ class CheckpointOffload(FullRecompute):
         # a pipeline rank's two forward and two prefetch input buffers and its one recompute buffer, shared by its
         # micro-batches in flight (`memo_exec.activations.checkpoint_offload`)
         return ([(f"input_{kind}{b}", sk["input"]) for kind in ("forward", "prefetch") for b in range(N_BUFFERS)]
-                + [("recompute_buffer", sk["total"] - sk["input"])])
+                + [("recompute_buffer", self.backward_buffer_bytes(sk))])
 
     def shared_blocks(self, sk, steps, n_layers):
         return ([(f"input_buffer{b}", sk["input"], steps.fwd(b), steps.end_of_backward) for b in range(N_BUFFERS)]
-                + [("recompute_buffer", sk["total"] - sk["input"], steps.bwd(n_layers - 1), steps.end_of_backward)])
+                + [("recompute_buffer", self.backward_buffer_bytes(sk), steps.bwd(n_layers - 1),
+                    steps.end_of_backward)])

@@ -32,8 +32,18 @@ class SelectiveRecompute(StoreAll):
     def resident_bytes(self, sk, n_layers):
         return n_layers * (sk["total"] - sk.get("attn_kernel_out", 0.0))
 
+    # the attention core re-run before the backward rebuilds its lse too: one layer's at a time, from the recompute
+    # to the end of its backward (memo_exec/activations/selective_recompute.py counts one layer's), not every layer's
+    keeps_lse = False
+
     def forward_kept(self, sk):
-        return [("skeletal", sk["total"] - sk.get("attn_kernel_out", 0.0) + sk["lse"])]
+        return [("skeletal", sk["total"] - sk.get("attn_kernel_out", 0.0))]
+
+    def recompute_allocated(self, sk):
+        return [("lse", sk["lse"])]
+
+    def buffer_bytes(self, sk):
+        return sk["lse"]
 
     def layer_blocks(self, sk):
         return [("skeletal", sk["total"] - sk.get("attn_kernel_out", 0.0))]

@@ -226,15 +226,30 @@ def _unit_of(n: float) -> tuple[str, float]:
     return "B", 1.0
 
 
+# `memo_sim.search.pipeline.pipeline_host_words`, registered there at import: a micro-batch pipeline candidate is
+# built only by that module, which imports this one (so no import back: `tests/test_import_direction.py`)
+PIPELINE_HOST_WORDS: dict = {}
+
+
 def host_memory_words(c: Candidate) -> str:
-    """Pinned host memory of a candidate in words: layers x GPUs x pinned bytes per layer against
-    the node's usable memory, and how much the host layout's rounding adds to the raw bytes."""
+    """Pinned host memory of a candidate in words, from the numbers its pricing counts: a single stage's offloaded
+    layers x GPUs x pinned bytes per layer, a micro-batch pipeline's (layer, micro-batch) units in flight per stage
+    x pinned bytes per unit (`memo_sim.search.pipeline.pipeline_host_words`), an SPPO plan's pinned bytes per stage
+    GPU over its (subsequence, layer) units (`_sppo_host_words`), against the node's usable memory, and how much the host
+    layout's rounding adds to the raw bytes."""
     from memo_sim.units import fmt_bytes
 
     m = c.memory
-    n_off = c.policy.offloaded_layers(c.model.layers)
     if m.host_bytes_per_node <= 0:
         return "nothing is offloaded to host memory"
+    if c.sppo is not None:
+        return _sppo_host_words(c) + _hosts_words(c, min(c.layout.gpus, c.profile.node_gpus))
+    if c.layout.pp > 1 and c.pipeline is not None:
+        # the words of the module that prices micro-batch pipelines (it imports this one and registers them)
+        return PIPELINE_HOST_WORDS["words"](c)
+    # a single stage: every GPU holds the model's layers, the first n_off of them offloaded
+    # (a review: pipelines and SPPO were given this template, "30 offloaded layers x 8 GPUs", their totals / 240)
+    n_off = c.policy.offloaded_layers(c.model.layers)
     if n_off == 0:  # no activation offloaded, yet pinned bytes (the optimizer's states on the host): the total
         return need_of_capacity(m.host_bytes_per_node, m.host_capacity_bytes, "usable per node", "pinned")
     from memo_sim.cost.optimizer_offload import host_state_bytes
@@ -247,19 +262,69 @@ def host_memory_words(c: Candidate) -> str:
     words = (f"{n_off} offloaded layers x {gpus} GPUs x {fmt_bytes(pinned)} pinned per layer"
              + (f" + {gpus} GPUs' optimizer states of {fmt_bytes(optim)}" if optim > 0 else "")
              + f" = {need_of_capacity(m.host_bytes_per_node, m.host_capacity_bytes, 'usable per node')}")
+    words += _hosts_words(c, gpus)
+    return words + _rounding_words(c, raw, pinned, "layer")
+
+
+def _hosts_words(c: Candidate, gpus: int) -> str:
+    """Which hosts of the node the pinned bytes sit on, where a node has several (GB200 NVL72)."""
+    from memo_sim.units import fmt_bytes
+
+    m = c.memory
     used, hosts = c.profile.hosts_taken(gpus)
     if used < hosts:  # a node of several hosts (GB200 NVL72): the memory of the hosts the plan's GPUs take
-        words += (f" (the {used} of the node's {hosts} hosts of {c.profile.host_gpus} GPUs that its {gpus} GPUs take, "
-                  f"{fmt_bytes(m.host_capacity_bytes / used)} usable each)")
-    elif hosts > 1:  # every host of the node: the pinned bytes are each host's GPUs' own, spread evenly
-        words += (f" (the node's {hosts} hosts of {c.profile.host_gpus} GPUs, "
-                  f"{fmt_bytes(m.host_bytes_per_node / hosts)} of {fmt_bytes(m.host_capacity_bytes / hosts)} usable "
-                  f"on each)")
+        return (f" (the {used} of the node's {hosts} hosts of {c.profile.host_gpus} GPUs that its {gpus} GPUs take, "
+                f"{fmt_bytes(m.host_capacity_bytes / used)} usable each)")
+    if hosts > 1:  # every host of the node: the pinned bytes are each host's GPUs' own, spread evenly
+        return (f" (the node's {hosts} hosts of {c.profile.host_gpus} GPUs, "
+                f"{fmt_bytes(m.host_bytes_per_node / hosts)} of {fmt_bytes(m.host_capacity_bytes / hosts)} usable "
+                f"on each)")
+    return ""
+
+
+def _rounding_words(c: Candidate, raw: float, pinned: float, unit: str) -> str:
+    """How much the host layout's rounding adds to one ``unit``'s ``raw`` bytes (``pinned`` after it), where it does."""
+    from memo_sim.units import fmt_bytes
+
     if raw > 0 and pinned > raw * 1.01:
-        words += (f"; {c.layout.host_pool} with {c.profile.host.pinned_rounding} rounding turns "
-                  f"{fmt_bytes(raw)} of activations per layer into {fmt_bytes(pinned)} pinned "
-                  f"({pinned / raw:.2f}x)")
-    return words
+        return (f"; {c.layout.host_pool} with {c.profile.host.pinned_rounding} rounding turns "
+                f"{fmt_bytes(raw)} of activations per {unit} into {fmt_bytes(pinned)} pinned "
+                f"({pinned / raw:.2f}x)")
+    return ""
+
+
+def _sppo_host_words(c: Candidate) -> str:
+    """An SPPO plan's pinned host memory in words, from the numbers `memo_sim.memplan.footprint.sppo_memory` prices it
+    by (`sppo_host_stages`): on the fullest node, each stage GPU's pinned bytes over its (subsequence, layer) units,
+    all but its last `KEPT_LAYERS` offloaded at their subsequence's alpha (K/V kept on the GPU), and what that is
+    per layer of the whole sequence."""
+    from memo_sim.layout.parallel import node_stage_gpus
+    from memo_sim.memplan.footprint import sppo_host_stages
+    from memo_sim.units import fmt_bytes
+
+    m = c.memory
+    per_stage = sppo_host_stages(c.model, c.layout, c.batch, c.policy, c.profile)
+    node = max(node_stage_gpus(c.layout, c.profile.node_gpus).values(),
+               key=lambda per: sum(n * per_stage[s][3] for s, n in per.items()))
+    groups: list[list] = []  # consecutive stages with the same numbers, said once
+    for s, n in sorted(node.items()):
+        key = (n, *per_stage[s])
+        if groups and groups[-1][1] == key and groups[-1][0][-1] == s - 1:
+            groups[-1][0].append(s)
+        else:
+            groups.append([[s], key])
+    parts = []
+    for stages, (n, n_l, n_k, n_off, pinned) in groups:
+        if pinned <= 0:
+            continue
+        which = (f"stage {stages[0]}" if len(stages) == 1 else f"stages {stages[0]}-{stages[-1]}") + (
+            f" ({n} GPU{'s' if n > 1 else ''}{' each' if len(stages) > 1 else ''})")
+        per_layer = pinned / n_off * n_k if n_off else 0.0
+        parts.append(f"{which} x {fmt_bytes(pinned)} pinned per GPU ({n_l} "
+                     f"layers x {n_k} subsequence pieces: {n_off} of the {n_l * n_k} units offloaded, "
+                     f"{fmt_bytes(per_layer)} per layer of the whole sequence)")
+    total = need_of_capacity(m.host_bytes_per_node, m.host_capacity_bytes, "usable per node")
+    return " + ".join(parts) + f" = {total}"
 
 
 def binding_words(c: Candidate) -> str:
@@ -297,6 +362,15 @@ def binding_words(c: Candidate) -> str:
                 f"last {KEPT_LAYERS}), so no layer is offloaded; " + gpu_memory_words(c))
     if c.policy.takes_alpha and c.alpha_note:
         if "host memory" in c.alpha_note:
+            # the solver fills the analytic count up to the usable memory; where the simulated iteration pins less
+            # (a pipeline's analytic count holds every unit in flight at once), the host is not full and is not
+            # said to be (a review: "host memory full" beside "pinned host 1.58 TiB (simulated) of 1.64 TiB")
+            host = c.host_bytes_per_node
+            if c.simulated is not None and host < m.host_bytes_per_node:
+                return (f"alpha {c.policy.alpha:.3f}: set by the host memory on the analytic count -- "
+                        f"{host_memory_words(c)}; the simulated iteration pins at most "
+                        f"{need_of_capacity(host, m.host_capacity_bytes, 'usable per node')} "
+                        f"({100 * host / m.host_capacity_bytes:.0f}%)" + gpu_headroom_words(c, full=False))
             return f"alpha {c.policy.alpha:.3f}: host memory full -- {host_memory_words(c)}" + gpu_headroom_words(c)
         if "offload time" in c.alpha_note:
             e = c.estimate
@@ -326,9 +400,10 @@ def memory_term_words(m) -> dict[str, float]:
     return {**held, **side}
 
 
-def gpu_headroom_words(c) -> str:
+def gpu_headroom_words(c, full: bool = True) -> str:
     """For a MEMO plan whose alpha the host memory binds: why the GPU memory left free does not raise it, and what a
-    full host means (by design, not a risk of failing), where a tenth or more of the GPU is free."""
+    full host (``full``; else the host's bound) means (by design, not a risk of failing), where a tenth or more of
+    the GPU is free."""
     from memo_sim.units import fmt_bytes
 
     m = c.memory
@@ -337,8 +412,8 @@ def gpu_headroom_words(c) -> str:
         return ""
     return (f"; the GPU keeps {fmt_bytes(free)} free, which does not raise alpha: MEMO offloads every layer but the "
             f"last {KEPT_LAYERS} (the paper's scheme; keeping more layers whole on the GPU is not modelled) and "
-            f"recomputes the tokens the host cannot hold; a full host is by design (less host memory lowers alpha, "
-            f"the plan still fits)")
+            f"recomputes the tokens the host cannot hold; {'a full host' if full else 'the host bound'} is by design "
+            f"(less host memory lowers alpha, the plan still fits)")
 
 
 def replayed_reserved_bytes(allocator: dict | None) -> float:

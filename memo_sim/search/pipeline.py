@@ -49,7 +49,7 @@ from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.bound import pipeline_family_tgs_bound
-from memo_sim.search.candidate import Candidate
+from memo_sim.search.candidate import PIPELINE_HOST_WORDS, Candidate, _hosts_words, _rounding_words, need_of_capacity
 from memo_sim.search.estimate import (
     active_gpus_per_node, estimate_pipeline, memo_alpha, pipeline_bubble, stage_shard,
 )
@@ -161,7 +161,7 @@ def _stage_unit_terms(model: ModelConfig, shard: Layout, micro_batch: int, seq: 
     backward = 0.0 if rank_blocks else policy.backward_buffer_bytes(sk)
     host_block = policy.host_bytes_per_layer(model, shard, micro_batch, seq, profile) if policy.offloads else 0.0
     offload = policy.offload_bytes(model, shard, micro_batch, seq) if policy.offloads else 0.0
-    return one, kept, sk["lse"], buffers, backward, host_block, offload
+    return one, kept, sum(b for _n, b in policy.kept_lse(sk)), buffers, backward, host_block, offload
 
 
 class _Shape(NamedTuple):
@@ -485,3 +485,24 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     if not_built["families"]:
         searched["not_built"] = not_built
     return out, rejected, searched
+
+
+def pipeline_host_words(c: Candidate) -> str:
+    """A micro-batch pipeline's pinned host memory in words, from the numbers `pipeline_memory`
+    prices it by: the fullest node's offloaded (layer, micro-batch) units -- per stage, of the units its GPU holds in
+    flight, all but the last `KEPT_LAYERS` of the schedule's -- x the pinned bytes of one unit at the plan's alpha."""
+    m = c.memory
+    shape = _shape(c.model, c.layout, c.batch, c.micro_batch, c.profile, c.schedule)
+    _worst, units, offloaded, node_units = shape.host_units
+    terms = _stage_unit_terms(c.model, shape.shard, c.micro_batch, c.seq, c.policy, c.profile)
+    block, raw = terms[5], terms[6]
+    node = max(_node_patterns(c.layout, c.profile.node_gpus), key=lambda per: sum(offloaded[s] * n for s, n in per))
+    stages = "; ".join(f"{n} GPU{'s' if n > 1 else ''} of stage {s}: {offloaded[s]} of the {units[s]} "
+                       f"(layer, micro-batch) units in flight offloaded" for s, n in node)
+    alpha = f" at alpha {c.policy.alpha:.3f}" if c.policy.takes_alpha else ""
+    return (f"{node_units} offloaded (layer, micro-batch) units on the node ({stages}) x {fmt_bytes(block)} pinned "
+            f"per unit{alpha} = {need_of_capacity(m.host_bytes_per_node, m.host_capacity_bytes, 'usable per node')}"
+            + _hosts_words(c, min(c.layout.gpus, c.profile.node_gpus)) + _rounding_words(c, raw, block, "unit"))
+
+
+PIPELINE_HOST_WORDS["words"] = pipeline_host_words

@@ -22,7 +22,7 @@ micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
   waits for the send it receives. Bubbles are the time a rank's compute stream waits.
 - **Activations** (the policy object decides; no branch on its name): a unit allocates the
   policy's forward-kept bytes (`Policy.forward_kept`: every skeletal tensor for store all, the
-  layer input for full recompute, lse for the offloading policies) at its forward and frees them
+  layer input for full recompute, the lse for the offloading policies that keep it) at its forward and frees them
   after its backward, so a rank holds them for every micro-batch in flight (1F1B: p - s on stage
   s). An offloading policy's unit writes its skeletal tensors (the rounding-buffer slot, one of the
   policy's own buffers: `unit_slot_bytes`) and copies them to host on ``d2h`` after its forward; the slot is
