@@ -183,3 +183,16 @@ def _padded_rows(g: torch.Tensor) -> torch.Tensor:
     from memo_exec.model import padded_vocab
 
     return F.pad(g, (0, 0, 0, padded_vocab(g.shape[0]) - g.shape[0]))
+
+
+def causal_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor):
+    """Causal GQA attention over the whole sequence by autograd, [batch, seq, heads, head_dim] in and out (each K/V
+    head serving heads / kv_heads query heads): (out, dq, dk, dv) of ``out.backward(do)``, the reference the
+    distributed attention tests compare their ranks' shards with."""
+    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
+    g, s, d = q.shape[2] // k.shape[2], q.shape[1], q.shape[3]
+    qb, kb, vb = q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1), v.transpose(1, 2).repeat_interleave(g, 1)
+    sc = (qb @ kb.transpose(-1, -2) / d ** 0.5).masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+    out = (sc.softmax(-1) @ vb).transpose(1, 2)
+    out.backward(do)
+    return out.detach(), q.grad, k.grad, v.grad

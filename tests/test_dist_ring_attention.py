@@ -5,13 +5,13 @@ block's compute, so a late transfer must still land before it is added to or sen
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from tests.dist_harness import spawn  # noqa: E402
+from tests.exec_reference import causal_gqa_attention  # noqa: E402
 
 B, S, H, HK, D = 2, 32, 4, 2, 8
 
@@ -23,15 +23,7 @@ def _full(seed: int = 0):
 
 
 def _reference():
-    q, k, v, do = _full()
-    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    g = H // HK
-    qb, kb, vb = q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1), v.transpose(1, 2).repeat_interleave(g, 1)
-    sc = qb @ kb.transpose(-1, -2) / math.sqrt(D)
-    sc = sc.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
-    out = (sc.softmax(-1) @ vb).transpose(1, 2)
-    out.backward(do)
-    return out.detach(), q.grad, k.grad, v.grad
+    return causal_gqa_attention(*_full())
 
 
 def _rank(rank: int, world: int, delay_s: float):

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tests.dist_harness import spawn  # noqa: E402
+from tests.exec_reference import causal_gqa_attention  # noqa: E402
 
 B, S, H, HK, D = 2, 32, 4, 2, 8
 
@@ -42,15 +42,7 @@ def _full(dtype, seed: int = 0):
 
 def _reference():
     """Causal GQA attention over the whole sequence by autograd (fp64): out, dq, dk, dv as [B, S, heads, D]."""
-    q, k, v, do = _full(torch.float64)
-    q, k, v = (t.clone().requires_grad_(True) for t in (q, k, v))
-    g = H // HK
-    qb, kb, vb = q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(g, 1), v.transpose(1, 2).repeat_interleave(g, 1)
-    sc = qb @ kb.transpose(-1, -2) / math.sqrt(D)
-    sc = sc.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
-    out = (sc.softmax(-1) @ vb).transpose(1, 2)
-    out.backward(do)
-    return out.detach(), q.grad, k.grad, v.grad
+    return causal_gqa_attention(*_full(torch.float64))
 
 
 def _err(results) -> float:
