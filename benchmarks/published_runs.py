@@ -1038,9 +1038,9 @@ OUTLIERS.update({
         "'megatron recipe' variant beside the row shows it. The row is comm-bound only in memo: the cluster hid "
         "nearly all of it behind the compute"),
     "xtuner-llama2-7b-1m-sp16": lambda r, _t=(
-        "memo too fast; not pinned down. Attention is 94% of memo's layer (2 heads per GPU over the whole 1M-token "
-        "sequence; the Ulysses all-to-alls across the 2 nodes of SP 16 are a few percent, and Selene's wider network "
-        "makes memo faster still, -15.2%). The Llama-2-7B rows up to 256K (attention 87% of the layer) are within 6%, "
+        "memo too fast; not pinned down. Attention is 95% of memo's layer (2 heads per GPU over the whole 1M-token "
+        "sequence; the Ulysses all-to-alls across the 2 nodes of SP 16 are 3% of the forward and 1% of the backward, "
+        "and Selene's wider network makes memo faster still, -16.0%). The Llama-2-7B rows up to 256K (attention 87% of the layer) are within 6%, "
         "so the gap opens with the attention calls' size: 5.6e14 FLOPs per forward call here (256K: 7e13), beyond the "
         "last point of the a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the "
         "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is {peak} (HF's fp32 logits of 65,536 "
@@ -1060,19 +1060,20 @@ OUTLIERS.update({
         "(HF's fp32 logits included) of the 78 usable GiB; its caching-allocator replay {replay}. The table's own "
         "TFLOP/s fall from 189.7 at 128K SP 8 to 127.6 here, the pattern of memory pressure (see "
         "xtuner-llama2-70b-128k-sp8). The repeat doubles the q, k, v all-to-all (402 "
-        "to 805 MB a layer across the 2 nodes of SP 16 at the profile's 12.5 GB/s per GPU): 191 s a micro-batch "
-        "where one repeated head per rank gave 179 s. Attention is 60% of memo's forward and 74% of its backward, in "
-        "calls of 7e13 FLOPs, the size of the Llama-2-7B 256K row's (within 6%); the all-to-alls are 16% and 6%. "
-        "The interconnect is not stated: Selene's 8 HDR per node makes memo faster still (-31.3%); fp32 gradients "
-        "-24.9%" + _PRESSURE_MEASURED): _t.format(peak=_peak_words(r), replay=_replay_words(r)),
+        "to 805 MB a layer; across the 2 nodes of SP 16 the half bound for the other node rides the profile's 12.5 "
+        "GB/s per GPU while the other half rides NVLink): 177.5 s a micro-batch where one repeated head per rank "
+        "gives 171.0 s (the ulysses_kv column). Attention is 65% of memo's forward and 77% of its backward, in "
+        "calls of 7e13 FLOPs, the size of the Llama-2-7B 256K row's (within 6%); the all-to-alls are 9% and 4%. "
+        "The interconnect is not stated: Selene's 8 HDR per node makes memo faster still (-34.0%); fp32 gradients "
+        "change nothing" + _PRESSURE_MEASURED): _t.format(peak=_peak_words(r), replay=_replay_words(r)),
     "xtuner-llama2-70b-1m-sp64": lambda r, _t=(
         "memo too fast; not pinned down. Here memo's repeat is XTuner's (SP 64 over 8 K/V heads: each repeated 8 times, "
         "one K and one V head per rank, the bytes of 7575f2c91's repeat to the 64 query heads), and memory is not "
-        "tight (peak {peak}). Attention is 85% of memo's forward and 92% of its backward: one head "
+        "tight (peak {peak}). Attention is 86% of memo's forward and 92% of its backward: one head "
         "per GPU over the whole 1M-token sequence, FlashAttention calls of 2.8e14 FLOPs, beyond the last point of the "
         "a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the peak from 1e14 "
-        "FLOPs; never calibrated at these lengths), as in xtuner-llama2-7b-1m-sp16 (-13.4%, 5.6e14 FLOPs a call). The "
-        "all-to-alls across the 8 nodes of SP 64 are 6% and 2% of memo's layer (Selene's 8 HDR per node: -27.4%). The "
+        "FLOPs; never calibrated at these lengths), as in xtuner-llama2-7b-1m-sp16 (-14.9%, 5.6e14 FLOPs a call). The "
+        "all-to-alls across the 8 nodes of SP 64 are 6% and 2% of memo's layer (Selene's 8 HDR per node: -27.7%). The "
         "GAS is memo's reading of the absent config (accumulative_counts = SP). What the run does that memo does not "
         "model: XTuner's all-to-all of non-contiguous head slices" + _LONG_CALL_MEASURED):
     _t.format(peak=_peak_words(r)),
@@ -1329,6 +1330,11 @@ HISTORY = (
       "torchtitan-t4-2d": -0.027, "torchtitan-t4-2d-asynctp": -0.086, "torchtitan-t5-1f1b": -0.110,
       "torchtitan-t5-interleaved": -0.139, "torchtitan-t6-cp1": -0.091, "torchtitan-t6-cp2": -0.178,
       "torchtitan-t6-cp4": -0.163, "torchtitan-t6-cp8": -0.237, "moe-zoo-mixtral-8x22b-fp8-forced": -0.206}),
+    ("0919f28", "2026-12-01", "before a Ulysses all-to-all across nodes sent only its off-node peers' shares over "
+     "the inter-node link (every byte but a rank's own rode it) and before selective recompute kept one rebuilt "
+     "attention lse rather than every layer's",
+     {"xtuner-llama2-7b-1m-sp16": -0.134, "xtuner-llama2-70b-256k-sp16": -0.256, "xtuner-llama2-70b-1m-sp64": -0.254,
+      "korthikanti-22B-selective": -0.035}),
 )
 
 
@@ -1543,6 +1549,15 @@ STEPS = (
      "the step, torchtitan's ZeRO 0 as FSDP2, the tied embedding's one gather and pipelines' own offload slots moved "
      "no row: dense 39 predicted at 11.7% / 29.0%, long-context 20 at 15.5% / 29.0%, the FP8 rows 12 at 16.0% / "
      "29.0%, the MoE group 18 at 18.5% / 47.1%"),
+    ("Ulysses across nodes", "a Ulysses all-to-all whose group spans nodes sends its off-node peers' shares over "
+     "the inter-node link and its on-node peers' over NVLink at the same time (`collectives.group_alltoall_time`, "
+     "expert parallelism's rule; every byte but a rank's own rode the inter-node link before): XTuner's rows across "
+     "nodes are faster, 0.4 to 5.3 points (llama2-7b-1m-sp16 -13.4% to -14.9%, llama2-70b-256k-sp16 -25.6% to "
+     "-30.9%, llama2-70b-1m-sp64 -25.4% to -25.8%); in the same run selective recompute's one rebuilt lse moved "
+     "korthikanti-22B-selective -3.5% to -3.2%, and the recomputing policies' lse and the loss's separate requests "
+     "moved three FPDT maxima up a grid step or so (362K to 384K, 492K to 506K, 606K to 624K; their errors on the "
+     "source's grid unchanged): dense 39 predicted at 11.9% / 30.9%, long-context 20 at 15.9% / 30.9%, the FP8 rows "
+     "12 at 16.0% / 29.0%, the MoE group 18 at 18.5% / 47.1%"),
 )
 
 
