@@ -253,12 +253,15 @@ def test_sppo_runs_whole():
     _close(_summary(a), _summary(b))
 
 
+# A case with stalls in the first layer, the last layers and the classifier alone (gpt-13b, tp4+metp_ffn-uly2,
+# full_offload, 512K on the A800) lost them on 2026-12-01, when the replay came to ask for the logits and their fp32
+# copy apart (`memo_sim.memplan.iteration_requests`): a scan of its neighbours (448K-768K, the loss kernels, other
+# policies and TP / Ulysses splits) found stalls only in runs that do not fit, so the fold is held to the stall in
+# every layer.
 @pytest.mark.parametrize("case", [
-    # caching-allocator stalls in the first layer, the last layers and the classifier
-    ("gpt-13b", Layout(tp=4, ulysses=2, tp_mode="metp_ffn"), 512 * K, "full_offload", None),
     # the same stall in every forward layer: the layers still look alike
     ("gpt-7b", Layout(tp=2, sp=False, cp=2, ulysses=2, zero=2), 512 * K, "full_recompute", None),
-], ids=["stalls-at-the-ends", "stall-in-every-layer"])
+], ids=["stall-in-every-layer"])
 def test_allocator_stalls_fold_with_their_layers(case):
     m, lay, seq, pol, a = case
     model, policy = get_model(m), get_policy(pol, a)
