@@ -68,7 +68,9 @@ def test_maxseq_equals_a_linear_scan(policy):
     while _fits(_ranked(M7, k * step, 8, A800, policy, "any")):
         k += 1
     assert ans.max_seq == (k - 1) * step and ans.next_seq == k * step
-    assert ans.binding.startswith(("GPU memory", "pinned host memory", "reserved memory (caching allocator)"))
+    # a memory plan's replay names the fragmentation of what memo-exec leaves to the caching allocator (h1 review)
+    assert ans.binding.startswith(("GPU memory", "pinned host memory", "reserved memory (caching allocator",
+                                   "reserved memory (caching-allocator fragmentation"))
     if ans.binding.startswith("GPU memory") and "largest:" in ans.binding:  # the what-if's names for the terms
         named = ans.binding.split("largest: ", 1)[1]
         assert named.startswith(("model states", "kept activations", "attention lse", "buffers", "transients",
@@ -171,9 +173,12 @@ def test_maxseq_of_a_caching_allocator_baseline_is_decided_by_reserved_memory():
     plan = max_seq(M7, 8, A800, "full_recompute", step=step, framework="memo-paper", simulate=False,
                    allocator="plan")
     assert (cache.allocator, plan.allocator) == ("caching", "plan")
-    assert cache.max_seq < plan.max_seq
+    # the plan's longest layouts split the layer (tp, cp), which memo-exec runs without the plan's arena
+    # (memo_exec/distributed/runner.py ``_arena_why_not``): their replay is the caching allocator's too and binds the
+    # same (until the h1 review the replay gave them an arena and --allocator plan answered longer)
+    assert cache.max_seq <= plan.max_seq
     assert cache.binding.startswith("reserved memory (caching allocator)") and "fits on paper" in cache.binding
-    assert plan.binding.startswith("GPU memory")
+    assert plan.binding.startswith(("GPU memory", "reserved memory (caching-allocator fragmentation of every scratch"))
     ok = [c for c in _ranked(M7, cache.next_seq, 8, A800, "full_recompute", "memo-paper") if c.status == "OK"]
     assert ok and all(_replay_oom(c) is not None for c in ok)  # each fits on paper; the replay runs out
     c = min(ok, key=lambda c: c.memory.peak_gpu_bytes)

@@ -110,12 +110,11 @@ def test_sppo_stage_reason_names_the_host_too():
 @pytest.mark.parametrize("args", [
     ["--model", "llama-3.1-70b", "--gpus", "64", "--tp", "8", "--cp", "2", "--pp", "4", "--dp", "1", "--policy",
      "full_recompute", "--step", "128K"],
-    ["--model", "llama-3.1-8b", "--gpus", "8", "--tp", "1", "--cp", "8", "--dp", "1", "--ulysses", "1", "--pp", "1",
-     "--zero", "3", "--policy", "memo", "--step", "64K", "--allocator", "both"],
-], ids=["pipeline-full-recompute", "memo-allocator-both"])
+], ids=["pipeline-full-recompute"])
 def test_maxseq_does_not_scan_past_a_failure_no_replay_decided(args):
-    """A pipeline (not replayed) and MEMO (its static memory plan) failed on paper: fit is monotone there, so nothing
-    is scanned past the failure and the replay's words are not printed."""
+    """A pipeline (not replayed) failed on paper: fit is monotone there, so nothing is scanned past the failure and
+    the replay's words are not printed. (MEMO on tp1-cp8 was a case here until the h1 review: the replay decides a
+    memory plan's fit too, so its failure is scanned past: tests/test_memplan_replay_fit.py.)"""
     out = _run(["maxseq", "--profile", "h100-sxm5-80gb", "--jobs", "1", *args]).output
     assert "past the failure" not in out and "replay is not monotone" not in out, out
 
@@ -126,7 +125,9 @@ def test_maxseq_past_failure_gate():
 
     c = _candidate(70 * GiB, 0.0)
     assert c.status == "OK"
-    assert not _replay_failed([c])  # MEMO: its memory plan, not the replay, places its tensors
+    # MEMO: the replay decides a memory plan's fit too (its arena one request, the rest the caching allocator's;
+    # until the h1 review its memory plan alone decided)
+    assert _replay_failed([c])
     fr = Candidate(M8, Layout(tp=8), get_policy("full_recompute"), 1, 512 * K, H100, None, c.memory)
     assert _replay_failed([fr])
     assert not _replay_failed([Candidate(M8, Layout(tp=8), get_policy("full_recompute"), 1, 512 * K, H100, None,

@@ -91,10 +91,28 @@ def _chunk_words(chunk: list[int]) -> str:
     return f"{chunk[0]}-{chunk[1]}" if chunk else "none (the embedding or the loss alone)"
 
 
+def _shared_embedding_words(plan, stage: int) -> str:
+    """The embedding's gradient sum among a pipeline stage's own collectives, in words ("and " alone where the stage
+    has none): only the first and the last stage sum the gradient of the embedding they both hold, and only where
+    they both hold it (`memo_sim.cost.grad_sync.shares_embedding`: tied, or read by the multi-token-prediction
+    modules; memo_sim/engine/schedules/stages.py ``shared_embedding_sums`` puts the op on stages 0 and p - 1).
+    A review: every stage of untied llama-3.1-8b at pp 4 named "a tied embedding's gradient sum"."""
+    from memo_sim.cost.grad_sync import shares_embedding  # noqa: PLC0415
+
+    m, lay = plan.model, plan.layout
+    if stage not in (0, lay.pp - 1) or not shares_embedding(m, lay):
+        return "and "
+    what = "a tied embedding's" if m.tied_embeddings else "the embedding's (read by the prediction modules)"
+    return f"{what} gradient sum, and "
+
+
 def _summary_line(r) -> str:
     if r.ok:
         a = r.allocator
-        alloc = ("static memory plan" if a.get("static_memory_plan") else
+        # a memory plan's replay: what memo-exec leaves to the caching allocator (`allocator_summary`)
+        alloc = ((f"static memory plan, caching allocator beside it: {a['reorganizations']} reorganisations, stall "
+                  f"{fmt_time(a['stall_s'])}" if "cuda_mallocs" in a else "static memory plan")
+                 if a.get("static_memory_plan") else
                  "caching allocator (pipeline iteration not replayed)" if a.get("replayed") is False else
                  f"caching allocator: {a['reorganizations']} reorganisations, stall {fmt_time(a['stall_s'])}")
         from memo_sim.report.whatif_answer import mfu_words  # noqa: PLC0415 - the what-if's words for an FP8 MFU
@@ -209,8 +227,8 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                        f"busy {fmt_time(st['compute_busy_s'])}"
                        + (f", idle {100 * bub:.1f}% of its work (waiting for other stages' "
                           f"activations and gradients {100 * st['stage_wait_s'] / st['compute_busy_s']:.1f}%; the "
-                          f"rest on its own collectives and copies, a tied embedding's gradient sum, and after its "
-                          f"last op)" if bub is not None else ""))
+                          f"rest on its own collectives and copies, {_shared_embedding_words(plan, st['stage'])}"
+                          f"after its last op)" if bub is not None else ""))
         ideal, it = r.pipeline["ideal_bubble_fraction"], r.iteration_s  # a share of the iteration, as memo-exec's
         rows = r.pipeline["stages"]
         waits = sum(st["stage_wait_s"] for st in rows) / (len(rows) * it) if it else None

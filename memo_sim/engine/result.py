@@ -212,9 +212,14 @@ def timeline_of(run: EngineRun, meta: dict) -> Timeline:
 
 
 def allocator_summary(replay, profile: HardwareProfile) -> dict:
+    """summary.json's ``allocator`` block: the counts of the whole-iteration caching-allocator replay the engine
+    charged (`memo_sim.memplan.iteration_replay.engine_replay`), ``static_memory_plan`` true where a memory plan's
+    arena held the placed transients beside it (the replay covers what the plan leaves to the caching allocator:
+    README, the snapshot is "the replay whose counts summary.json's allocator fields report"). None (no replay):
+    a memory plan's stub."""
     if replay is None:
         return {"static_memory_plan": True, "reorganizations": 0, "stall_s": 0.0}
-    return {"static_memory_plan": False, "reorganizations": replay.reorganizations,
+    return {"static_memory_plan": bool(replay.static_memory_plan), "reorganizations": replay.reorganizations,
             "stall_s": replay.stall_seconds(profile), "cuda_mallocs": replay.cuda_mallocs,
             "cuda_frees": replay.cuda_frees, "fragmentation_at_peak": replay.fragmentation_at_peak,
             "peak_reserved_bytes": replay.peak_reserved_bytes, "max_live_bytes": replay.max_live_bytes,

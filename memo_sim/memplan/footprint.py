@@ -7,9 +7,11 @@ between layers, the classifier's peak).
 
 Transients: the largest live set of one layer's forward or backward requests (the level-1
 traces of `memo_sim.memplan.trace_gen`). A policy with a static memory plan (MEMO) occupies
-that max-live peak, which the bi-level planner reaches on these traces (reports/memplan-gpt.md);
-the others run on PyTorch's caching allocator, whose reserved peak on the same requests
-(`memo_sim.memplan.baseline`) is what they occupy.
+one arena, the max-live of the phase that places the most, which the bi-level planner reaches on
+these traces (reports/memplan-gpt.md), in both phases, and beside it each phase's own tensors that
+kernels and the caching allocator allocate (`MemoryBreakdown.phase_transient_bytes`: the backward's
+gradients are not the forward's); the others run on PyTorch's caching allocator, whose reserved
+peak on the same requests (`memo_sim.memplan.baseline`) is what they occupy.
 
 Host: each offloaded layer's bytes as the policy's host layout allocates them
 (`memo_sim.policy.host_layout`: memo's executor registers one exact pool per GPU), times the
@@ -37,7 +39,8 @@ from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.baseline import caching_allocator_layer_report
-from memo_sim.memplan.trace_gen import _layer_backward_trace, layer_forward_trace, per_gpu_shard, static_plan_peak_bytes
+from memo_sim.memplan.trace_gen import (_layer_backward_trace, layer_forward_trace, per_gpu_shard,
+                                        static_plan_phase_bytes)
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import DTYPE_BYTES
 from memo_sim.policy.base import Policy
@@ -66,12 +69,28 @@ class MemoryBreakdown:
     # the part of ``rounding_buffer_bytes`` allocated at a layer's recompute and freed after its backward (full
     # recompute's buffer: `Policy.backward_buffer_bytes`): live beside a layer's backward, not beside the classifier
     backward_buffer_bytes: float = 0.0
+    # a layer's forward and backward transients where they differ (a static plan: the arena in both, each phase's
+    # unplaced tensors in its own, `memo_sim.memplan.trace_gen.static_plan_phase_bytes`); None: both are
+    # ``transient_peak_bytes`` (the caching allocator keeps what it reserved from one phase to the next)
+    transient_forward_bytes: float | None = None
+    transient_backward_bytes: float | None = None
 
     @property
     def held_bytes(self) -> float:
         """What is live beside both sides of the peak: model states, kept activations, lse and the static buffers."""
         return (self.model_states_bytes + self.skeletal_resident_bytes + self.rounding_buffer_bytes
                 - self.backward_buffer_bytes + self.lse_bytes)
+
+    def phase_transient_bytes(self, phase: str) -> float:
+        """A layer phase's transients (``fwd``; ``bwd`` or ``recompute``, which runs at the backward's start with the
+        backward's arena and gradients): the larger of the two is ``transient_peak_bytes``."""
+        v = self.transient_forward_bytes if phase == "fwd" else self.transient_backward_bytes
+        return self.transient_peak_bytes if v is None else v
+
+    def phase_working_bytes(self, phase: str) -> float:
+        """What a layer phase holds beside the kept activations: its transients and the activation handed between
+        layers (the schedules' ``L{i}.{phase}.working``)."""
+        return self.phase_transient_bytes(phase) + self.layer_boundary_bytes
 
     def layer_side_bytes(self, transient: float | None = None) -> float:
         """A layer's side of the peak: its transients (``transient``, default the ones used), the activation handed
@@ -148,19 +167,26 @@ def over_capacity_share(over: float, capacity: float) -> float:
 def transient_peak_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int,
                          policy: Policy | None = None) -> float:
     """Transient bytes of one layer's forward or backward on one GPU under a static plan (the
-    larger phase): the arena of the tensors the runtime places plus the tensors kernels and the
-    caching allocator allocate beside it (`memo_sim.memplan.trace_gen.static_plan_peak_bytes`),
+    larger phase): the arena of the tensors the runtime places plus the phase's tensors kernels and the
+    caching allocator allocate beside it (`memo_sim.memplan.trace_gen.static_plan_phase_bytes`),
     from the level-1 request traces, the one place where a layer's transient tensors and their
     lifetimes are enumerated. Memoised per model, GPU shard and recompute fraction."""
+    return max(transient_phase_bytes(model, layout, batch, seq, policy).values())
+
+
+def transient_phase_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                          policy: Policy | None = None) -> dict[str, float]:
+    """`transient_peak_bytes` of each phase, ``{"fwd": ..., "bwd": ...}``: the one arena (the phase that places the
+    most) and the phase's own tensors beside it (`memo_sim.memplan.trace_gen.static_plan_phase_bytes`)."""
     frac = policy.recompute_fraction if policy is not None else 0.0
-    return _transient_peak(model, per_gpu_shard(layout), batch, seq, frac)
+    return _transient_phases(model, per_gpu_shard(layout), batch, seq, frac)
 
 
 @lru_cache(maxsize=1 << 14)
-def _transient_peak(model: ModelConfig, shard: Layout, batch: int, seq: int, frac: float) -> float:
-    fwd = static_plan_peak_bytes(layer_forward_trace(model, shard, batch, seq), "fwd")
-    bwd = static_plan_peak_bytes(_layer_backward_trace(model, shard, batch, seq, frac), "bwd")
-    return float(max(fwd, bwd))
+def _transient_phases(model: ModelConfig, shard: Layout, batch: int, seq: int, frac: float) -> dict[str, float]:
+    """Shared between callers: read, never modify."""
+    return static_plan_phase_bytes(layer_forward_trace(model, shard, batch, seq),
+                                   _layer_backward_trace(model, shard, batch, seq, frac))
 
 
 def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
@@ -174,7 +200,9 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     n = model.layers
     states = model_state_bytes(model, layout)
     lse_all = n * sum(b for _n, b in policy.kept_lse(sk))  # none where the recompute rebuilds it (`keeps_lse`)
-    transient = planned if uses_memory_plan(policy, layout) else cached
+    plan_phases = uses_memory_plan(policy, layout)
+    transient = planned if plan_phases else cached
+    phases = transient_phase_bytes(model, layout, batch, seq, policy) if plan_phases else {}
     # embedding output / final layer output (the next layer's input) is live beside a layer's work
     boundary = sk["input"]
     offloaded_layers = policy.offloaded_layers(n)
@@ -188,7 +216,8 @@ def memory_breakdown(model: ModelConfig, layout: Layout, batch: int, seq: int, p
         transient_caching_allocator=cached, layer_boundary_bytes=boundary, classifier_peak_bytes=classifier,
         peak_gpu_bytes=0.0, gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf), host_bytes_per_gpu=host_gpu,
         host_bytes_per_node=host_node, host_capacity_bytes=profile.host_capacity(gpus_node),
-        backward_buffer_bytes=backward_buffer)
+        backward_buffer_bytes=backward_buffer, transient_forward_bytes=phases.get("fwd"),
+        transient_backward_bytes=phases.get("bwd"))
     # the peak: the larger of a layer's side (with full recompute's buffer, allocated for the backward only) and the
     # classifier's, which runs before any backward (`MemoryBreakdown.peak_with`)
     return replace(mem, peak_gpu_bytes=mem.peak_with())

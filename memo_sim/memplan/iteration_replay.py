@@ -1,4 +1,4 @@
-"""PyTorch's caching allocator over whole training iterations of one GPU (unplanned policies).
+"""PyTorch's caching allocator over whole training iterations of one GPU (beside a memory plan's arena too).
 
 `memo_sim.memplan.baseline` replays one layer's transient requests alone on unlimited memory;
 that gives the transient footprint but never a reorganisation, because nothing else lives on the
@@ -64,11 +64,11 @@ is replayed as above, and the rounding buffers' rows are in the static buffers. 
 chunks sit in the arena, free between the last forward and the first backward, wherever at least
 memo-exec's minimum of their rows fits it (memo_exec/arena.py ``between_layers``, memo_exec/model.py
 ``ChunkPlace``; `memo_sim.memplan.iteration_requests.chunk_in_arena`), and ask the caching
-allocator for nothing. For GPT-7B at 1M
-tokens with MEMO's plan that replay never reorganises, even with the collectives' buffers held
-(tests/test_allocator_iteration.py). The engine charges no reorganisation to a memory-planned
-run and does not replay it (`replay_iteration` replays whatever it is given and says
-``static_memory_plan``). Left out: NCCL's own workspaces (outside the
+allocator for nothing. The arena is MEMO's for every layout, a layer split by tp, cp or Ulysses too (the
+paper plans a TP+SP+CP layer's transients; memo-exec's distributed executor does not follow a split layer's plan
+yet and says so in one line when it runs one: memo_exec/distributed/runner.py ``memory_plan_not_followed``). The
+engine replays a memory-planned run like any other (`engine_replay`): the replay decides its fit and charges its
+reorganisations (``static_memory_plan`` says the plan is there). Left out: NCCL's own workspaces (outside the
 allocator), Megatron's global all-gather buffer (the level-1 traces allocate gathered inputs
 afresh), gradient-reduction buckets, optimizer temporaries, and per-parameter weight tensors
 (model states are a few contiguous buffers).
@@ -393,6 +393,8 @@ def replay_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     _remember(_REPLAYS, key, _copy_replay(r))
     if skey is not None and base.holds(r):
         _remember(_SHARED, skey, (_copy_replay(r), base, margins))
+    # the layout's plan says so, as a cached copy does
+    r.static_memory_plan = mine["static_memory_plan"]
     return r
 
 
@@ -402,10 +404,19 @@ def engine_replay(model: ModelConfig, layout: Layout, micro_batch: int, seq: int
     """The replay the engine charges a single-stage run of one micro-batch of ``micro_batch``
     sequences (`memo_sim.engine.schedules.single_stage.simulate`; the allocator's cache is warm for
     the ones after it): the layout's allocator settings (``expandable_segments``, ``alloc_conf``),
-    ``allocator_lag`` layers of stream lag (0: the layout's). None under a static memory plan
-    (`uses_memory_plan`): the engine replays nothing then."""
-    if uses_memory_plan(policy, layout):
-        return None
+    ``allocator_lag`` layers of stream lag (0: the layout's). Under a static memory plan (`uses_memory_plan`) too:
+    the plan's arena is allocated up front (memo_exec/arena.py) and everything else (the layer chain, kept rows,
+    gradients, the workspaces the plan does not place, the classifier's chunks outside the arena, model states)
+    through PyTorch's caching allocator, which fragments; a review found MEMO plans reported as fitting whose replay
+    ran out of memory (gpt-7b tp1-cp8-z3 at 1376K), so the replay decides their fit and stalls as for any plan."""
     return replay_iteration(model, layout, micro_batch, seq, policy, profile,
                             expandable_segments=layout.expandable_segments, alloc_conf=layout.alloc_conf,
                             classifier_chunk_tokens=classifier_chunk_tokens, stream_lag_phases=allocator_lag or None)
+
+
+def fragmentation_words(model: ModelConfig, layout: Layout, policy: Policy) -> str:
+    """What runs out of memory where a run's replay does, in words: the caching allocator's fragmentation, under a
+    static memory plan of the tensors outside its arena."""
+    if not uses_memory_plan(policy, layout):
+        return "caching-allocator fragmentation"
+    return "caching-allocator fragmentation of the tensors outside the memory plan's arena"

@@ -16,7 +16,9 @@ gradient's and the input's again in backward.
 
 Backward (ops in reverse): the incoming gradient dy, the gradients each op produces, the
 gathered inputs the weight gradients need again under sequence parallelism, and MEMO's
-token-wise recompute scratch (the dropped tokens' gathered inputs) at the start.
+token-wise recompute scratch (the dropped tokens' gathered inputs under sequence parallelism; without it the
+gather is the identity and the recomputed rows are the rounding buffer's, `layer_graph.RECOMPUTE_GATHERS`) at the
+start.
 
 METP (``layout.tp_mode``, `memo_sim.tp`; `memo_sim.cost.metp`; the blocks in `memo_sim.memplan.ring_trace`): the ring replaces the FFN (and with ``metp``
 the MHA) and its all-gathers / reduce-scatters. Forward FFN: the double buffer of received
@@ -61,8 +63,9 @@ from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.cost.metp import block_sizes
 from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, UNPLACED, attention_bwd_workspace_bytes,
-                                        fp8_cast_name, fp8_input_kept, forward_ops, layer_tensors)
+from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, RECOMPUTE_GATHERS, UNPLACED,
+                                        attention_bwd_workspace_bytes, fp8_cast_name, fp8_input_kept, forward_ops,
+                                        layer_tensors)
 from memo_sim.memplan.ring_trace import RING_TRACES
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import offloaded_layer_count
@@ -88,9 +91,25 @@ def static_plan_peak_bytes(trace: RequestTrace, phase: str) -> float:
     kernels and the caching allocator allocate (`UNPLACED`) live outside it, beside it (their
     own max-live). At least the max-live of all the phase's tensors, which would need the
     kernel's workspace inside the arena."""
+    return float(placed_only(trace, phase).max_live_bytes() + outside_peak_bytes(trace, phase))
+
+
+def outside_peak_bytes(trace: RequestTrace, phase: str) -> float:
+    """The max-live of a layer phase's tensors that kernels and the caching allocator allocate beside the static
+    arena (`UNPLACED`)."""
     skip = UNPLACED.get(phase, {})
-    outside = RequestTrace([b for b in trace.buffers if (b.name or b.id) in skip], name=trace.name)
-    return float(placed_only(trace, phase).max_live_bytes() + outside.max_live_bytes())
+    return float(RequestTrace([b for b in trace.buffers if (b.name or b.id) in skip], name=trace.name)
+                 .max_live_bytes())
+
+
+def static_plan_phase_bytes(fwd: RequestTrace, bwd: RequestTrace) -> dict[str, float]:
+    """Each layer phase's transient bytes under a static plan, ``{"fwd": ..., "bwd": ...}``: the one arena, sized
+    for the phase that places the most (memo_exec/arena.py: "one layer's forward and backward reuse it", allocated
+    once), plus the phase's own tensors beside it (`outside_peak_bytes`). The arena is live in both phases, the
+    tensors beside it only in theirs: the backward's incoming and outgoing gradients (dy, dx, d_h1_part) and its
+    attention workspace are not the forward's (a review: explain put them in layer 31's forward)."""
+    arena = max(placed_only(fwd, "fwd").max_live_bytes(), placed_only(bwd, "bwd").max_live_bytes())
+    return {"fwd": float(arena + outside_peak_bytes(fwd, "fwd")), "bwd": float(arena + outside_peak_bytes(bwd, "bwd"))}
 
 
 def unplaced_in(trace: RequestTrace, phase: str) -> dict[str, str]:
@@ -317,6 +336,8 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
     b.alloc("dy", tb["y"])
     if frac > 0:  # the flavour's token-wise recompute scratch (weight blocks do not depend on the tokens)
         for nm, nbytes in flavour.recompute_scratch(layout, frac, tb, full_h, lambda: block_sizes(model, layout, 1, 1)):
+            if nm in RECOMPUTE_GATHERS and not sp:
+                continue  # no gather without SP: the recomputed rows are the rounding buffer's slot (layer_graph)
             b.alloc(nm, nbytes)
             b.tick()
             b.free(nm)

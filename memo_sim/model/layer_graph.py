@@ -380,11 +380,22 @@ RECOMPUTED = frozenset({"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act",
 RECOMPUTED_IF_KEPT = frozenset({"shared_fc2"})
 
 
+# MEMO's token-wise recompute re-gathers the dropped rows' norm outputs for the QKV and first FFN GEMMs
+# (`memo_sim.tp.base.TPFlavour.recompute_scratch`). The recomputed rows themselves are written into the rounding
+# buffer's ln1 / ln2 slot; the gather's output is not: memo-exec's recompute (memo_exec/layer.py
+# ``LayerCompute._fwd_ops`` under ``recompute_tokens``, the gather of memo_exec/distributed/tp/megatron.py
+# ``MegatronComm.gather``) asks its scratch for ``rc_ln1_gathered`` / ``rc_ln2_gathered``, the TP group's dropped rows
+# at full width (p times the slot's rows), frees it after its GEMM, before the backward's own tensors: a layer
+# transient like the forward's gathered GEMM inputs, placed with them (a review: it was counted beside the arena by
+# the static plan, not at all by the iteration replay, which took it for the rounding buffer's). Without sequence
+# parallelism the gather is the identity (``MegatronComm.gather`` returns the slot's rows): no tensor, and the
+# backward trace leaves it out (`memo_sim.memplan.trace_gen`).
+RECOMPUTE_GATHERS = ("recompute_ln1_gathered", "recompute_ln2_gathered")
+# Level-1 transients that live in a static buffer (the policy's rounding buffers), not in the arena nor the caching
+# allocator: none (the recompute's gathers above are scratch); kept for `memo_sim.memplan.iteration_requests`.
+IN_ROUNDING_BUFFER: tuple[str, ...] = ()
 # Transient tensors of a layer's level-1 traces that the runtime does not place in the static
 # arena, with the reason (the plan records them as `unplaced`; the executor accepts these names).
-# Those of them that live in a static buffer (the policy's rounding buffers), not in the caching allocator:
-# `memo_sim.memplan.iteration_requests` requests nothing for them under a memory plan.
-IN_ROUNDING_BUFFER = ("recompute_ln1_gathered", "recompute_ln2_gathered")
 UNPLACED = {
     "fwd": {"y": "written straight into the next layer's input slot (a skeletal buffer)",
             "attention_workspace": "allocated inside the attention kernel"},
@@ -393,9 +404,7 @@ UNPLACED = {
             "d_x_part": "LayerNorm-1 backward output, returned to autograd (caching allocator)",
             "d_h1_part": "LayerNorm-2 backward output, allocated by the norm's backward kernel and accumulated "
                          "into dy",
-            "attention_bwd_workspace": "allocated inside the attention kernel",
-            **{n: "recomputed rows are written straight into the rounding buffer"
-               for n in IN_ROUNDING_BUFFER}},
+            "attention_bwd_workspace": "allocated inside the attention kernel"},
 }
 # The MoE block's transients and gradients: the executor's MoE block (memo_exec/moe) allocates them through the
 # caching allocator, beside the static arena (the simulator counts them there too, `memo_sim.memplan.trace_gen`)

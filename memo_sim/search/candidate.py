@@ -419,9 +419,10 @@ def gpu_headroom_words(c, full: bool = True) -> str:
 def replayed_reserved_bytes(allocator: dict | None) -> float:
     """The caching allocator replay's reserved peak (``torch.cuda.max_memory_reserved()``: the allocated bytes and
     the cache the allocator holds beside them, `memo_sim.engine.result.allocator_summary`), or 0 where none ran (a
-    static memory plan's arena, a pipeline's summed allocations: ``replayed`` False)."""
+    pipeline's summed allocations: ``replayed`` False); a static memory plan's replay too (its arena one request, the
+    rest the caching allocator's: `memo_sim.memplan.iteration_replay.engine_replay`)."""
     a = allocator or {}
-    if a.get("static_memory_plan", True) or a.get("replayed") is False:
+    if a.get("replayed") is False or "peak_reserved_bytes" not in a:
         return 0.0
     return float(a.get("peak_reserved_bytes") or 0.0)
 

@@ -16,15 +16,17 @@ binds: GPU memory (and its largest terms) or pinned host memory.
 
 Reserved memory decides for the plans on PyTorch's caching allocator: the analytic tier counts a
 layer's transients as the allocator reserves them (`memo_sim.memplan.baseline`), and a
-single-stage candidate without a static memory plan fits only when the allocator's replay of its
-iterations (`memo_sim.memplan.iteration_replay`) never runs out of device memory, with the cache's
-fragmentation and retries; a length where every analytically fitting candidate fails the replay
-binds on "reserved memory". One whose least-over candidate would fit with its transients counted as
-allocated (live at once), as a static memory plan places them, binds on "GPU memory on the caching
-allocator's terms": the analytic peak, which decides fit, lumps one layer's transients as the allocator
-reserves them and, under a whole-layer recompute, the re-run tensors as the one buffer the policy's
-executor holds (`_lumped_words`); it is not the replay's reserved peak, which can be lower. Candidates
-are replayed in increasing analytic peak, stopping at the first that fits (a replay costs 10-50 ms).
+single-stage candidate fits only when the allocator's replay of its iterations
+(`memo_sim.memplan.iteration_replay`) never runs out of device memory, with the cache's
+fragmentation and retries (on a static memory plan too: the plan's arena is one request, the rest
+is the caching allocator's, as memo-exec places it); a length where every analytically fitting
+candidate fails the replay binds on "reserved memory". One whose least-over candidate would fit
+with its transients counted as allocated (live at once), as a static memory plan places them, binds
+on "GPU memory on the caching allocator's terms": the analytic peak, which decides fit, lumps one
+layer's transients as the allocator reserves them and, under a whole-layer recompute, the re-run
+tensors as the one buffer the policy's executor holds (`_lumped_words`); it is not the replay's
+reserved peak, which can be lower. Candidates are replayed in increasing analytic peak, stopping at
+the first that fits (a replay costs 10-50 ms).
 ``allocator`` is the what-if's (`memo_sim.search.whatif.candidates_for`): ``caching`` (what the
 framework runs), ``plan`` (every policy on a static memory plan), so that the two answers side by
 side say how much longer a sequence the memory plan trains.
@@ -39,7 +41,7 @@ from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
 from memo_sim.layout.parallel import seq_fix_names
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.errors import MemoError, NothingFits
-from memo_sim.memplan.iteration_replay import replay_iteration
+from memo_sim.memplan.iteration_replay import engine_replay, fragmentation_words
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import binding_words, memory_term_words, need_of_capacity
@@ -104,20 +106,21 @@ def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", f
 
 
 def _replayed(c: Candidate) -> bool:
-    """Whether the caching allocator's replay decides the candidate's fit: it runs on that allocator (no static
-    memory plan: MEMO places its tensors by its plan, `uses_memory_plan`) and the replay covers its schedule (one
-    stage; pipelines and SPPO are priced on paper only)."""
-    return not uses_memory_plan(c.policy, c.layout) and c.schedule == "single_stage"
+    """Whether the caching allocator's replay decides the candidate's fit: the replay covers its schedule (one
+    stage; pipelines and SPPO are priced on paper only). A static memory plan's too (`uses_memory_plan`): memo-exec
+    allocates the plan's arena and puts everything else on the caching allocator, which the replay replays
+    (`memo_sim.memplan.iteration_replay.engine_replay`; a review: MEMO tp1-cp8-z3 on gpt-7b answered 1344K, whose
+    replay ran out of memory)."""
+    return c.schedule == "single_stage"
 
 
 def _replay_oom(c: Candidate):
-    """The caching allocator's out-of-memory event for a candidate that runs on it (None: it fits,
-    or a static memory plan / a schedule the replay does not cover places its tensors: `_replayed`)."""
+    """The caching allocator's out-of-memory event for a candidate (None: it fits, or its schedule is one the replay
+    does not cover: `_replayed`); the engine's own replay (`engine_replay`), memoised."""
     if not _replayed(c):
         return None
-    r = replay_iteration(c.model, c.layout, c.micro_batch or c.batch, c.seq, c.policy, c.profile,
-                         expandable_segments=c.layout.expandable_segments, alloc_conf=c.layout.alloc_conf)
-    return r.oom_event if r.oom else None
+    r = engine_replay(c.model, c.layout, c.micro_batch or c.batch, c.seq, c.policy, c.profile)
+    return r.oom_event if r is not None and r.oom else None
 
 
 def _fits(cands) -> bool:
@@ -165,7 +168,9 @@ def binding_constraint(cands: list[Candidate] | str) -> str:
         c = ok[0]
         e = _replay_oom(c)
         if e is not None:
-            return (f"reserved memory (caching allocator): a {fmt_bytes(e.requested_bytes)} request found "
+            who = (fragmentation_words(c.model, c.layout, c.policy) if uses_memory_plan(c.policy, c.layout)
+                   else "caching allocator")
+            return (f"reserved memory ({who}): a {fmt_bytes(e.requested_bytes)} request found "
                     f"{fmt_bytes(e.reserved_bytes)} reserved, {fmt_bytes(e.allocated_bytes)} allocated and "
                     f"{fmt_bytes(e.available_bytes)} left after freeing the cache "
                     f"({c.layout.label()} {c.policy.label()}; fits on paper at {fmt_bytes(c.memory.peak_gpu_bytes)})"
@@ -337,7 +342,8 @@ def _max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: st
         except MemoError:  # NothingFits: not at this length either
             return False
 
-    past = _past_failure(hi, fits_at) if allocator == "caching" and _replay_failed(fail) else None
+    # the replay decides on a memory plan's candidates too (`_replayed`), so --allocator plan scans as well
+    past = _past_failure(hi, fits_at) if _replay_failed(fail) else None
     ans = _simulated_answer(model, gpus, profile, policy, step, framework, simulate, allocator, fixed, lo, hi, fail)
     if past is None:
         return ans
@@ -348,10 +354,10 @@ def _max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: st
 def _replay_failed(cands) -> bool:
     """Whether the first failing length failed in the caching allocator's replay: some candidate there fits on
     paper and the replay decides its fit (`_replayed`; `_fits` replays only those). Only then can a longer length
-    fit: on paper and on a static memory plan fit is monotone in the length (`tests/test_fit_monotone.py`), so
-    where every candidate failed on paper (MEMO on its memory plan, pipelines and SPPO, which are not replayed),
-    nothing past the failure is scanned, and the words about the replay are not printed (a review: a pipeline's
-    full_recompute and MEMO at --allocator both printed "the caching allocator's replay is not monotone")."""
+    fit: on paper fit is monotone in the length (`tests/test_fit_monotone.py`), so where every candidate failed on
+    paper (or only pipelines and SPPO, which are not replayed, fit there), nothing past the failure is scanned, and
+    the words about the replay are not printed (a review: a pipeline's full_recompute printed "the caching
+    allocator's replay is not monotone"). A static memory plan's single-stage candidates are replayed too."""
     return not isinstance(cands, str) and any(isinstance(c, Candidate) and c.status == "OK" and _replayed(c)
                                               for c in cands)
 

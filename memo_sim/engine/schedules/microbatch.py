@@ -237,7 +237,7 @@ class PipelineCosts:
     optimizer: tuple[float, ...]  # per stage
     model_states: tuple[float, ...]  # per stage, bytes on one GPU
     skeletal: dict  # one layer's per-GPU skeletal bytes of one micro-batch, by role
-    working_bytes: float  # one phase's transient block + the activation handed on
+    working_bytes: float  # the larger phase's transient block + the activation handed on
     classifier_bytes: float
     offload_bytes: float  # per offloaded unit and GPU
     host_block_bytes: float  # pinned bytes per offloaded unit and GPU
@@ -252,6 +252,8 @@ class PipelineCosts:
     # layer's kind, and the forward, backward and recompute op lists of each kind (() / {}: every layer's the above)
     layer_kinds: tuple = ()
     kind_phases: dict = field(default_factory=dict)
+    # each layer phase's working block where they differ (`MemoryBreakdown.phase_working_bytes`; {}: working_bytes)
+    working_by_phase: dict = field(default_factory=dict)
 
     def phases_of(self, layer: int) -> tuple[list[OpCost], list[OpCost], list[OpCost]]:
         """(forward, backward, recompute) of model layer ``layer``: its kind's, or the repeated layer's."""
@@ -290,7 +292,8 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
         p2p_bytes(model, layout, micro_batch, seq), secs, stage_grad_sync(model, layout, profile),
         tuple(stage_serial_grad_reduce(model, layout, profile, s) for s in range(layout.pp)),
         mtp_activation_bytes(model, shard, micro_batch, seq, policy.recomputes_mtp),
-        layer_kinds(model), kind_phases(model, shard, micro_batch, seq, policy, profile, mem))
+        layer_kinds(model), kind_phases(model, shard, micro_batch, seq, policy, profile, mem),
+        {ph: mem.phase_working_bytes(ph) for ph in ("fwd", "bwd", "recompute")})
 
 
 @dataclass
@@ -444,7 +447,8 @@ class _MicrobatchBuilder:
         return tuple(MemAction("gpu", mb_tensor(mb, f"L{layer}.{name}"), sign * nbytes) for name, nbytes in items)
 
     def working(self, mb: int, layer: int, phase: str, sign: float = 1.0) -> MemAction:
-        return MemAction("gpu", mb_tensor(mb, f"L{layer}.{phase}.working"), sign * self.costs.working_bytes)
+        nbytes = self.costs.working_by_phase.get(phase, self.costs.working_bytes)
+        return MemAction("gpu", mb_tensor(mb, f"L{layer}.{phase}.working"), sign * nbytes)
 
     def lay_out(self) -> None:
         """Lay the steps out in an order that respects every rank's own order and every receive."""

@@ -30,9 +30,10 @@ offloads and recomputes, and never branches on its name):
   and alpha of the other skeletal bytes; full_offload all of them.
 
 Memory: model states (and rounding buffers) are static from `memory_breakdown`. Each layer's
-forward, recompute and backward holds one working block of ``transient_peak_bytes`` plus the
-activation handed between layers (the layer input size), as MEMO's level-2 plan treats a layer
-as one pseudo block of its level-1 peak; the classifier holds ``classifier_peak_bytes``; lse
+forward, recompute and backward holds one working block of its phase's transients
+(`MemoryBreakdown.phase_working_bytes`: under a static plan the arena and the phase's own tensors beside it, the
+recompute the backward's) plus the activation handed between layers (the layer input size), as MEMO's level-2
+plan treats a layer phase as one pseudo block of its level-1 peak; the classifier holds ``classifier_peak_bytes``; lse
 (the attention log-sum-exp) stays on the GPU from a layer's forward to its backward under every
 policy. Pinned host bytes per offloaded layer (as `memo_sim.policy.host_layout` allocates them)
 are held from the offload's start to the prefetch's end.
@@ -82,7 +83,7 @@ from memo_sim.engine.result import (
     timeline_events,
 )
 from memo_sim.engine.schedules.registry import register_schedule
-from memo_sim.memplan.iteration_replay import engine_replay
+from memo_sim.memplan.iteration_replay import engine_replay, fragmentation_words
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
@@ -305,7 +306,9 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
               last_deps: list[Op] = ()):
         if phase in ("fwd", "recompute") or (phase == "bwd" and (layer, "recompute") not in sched.phases):
             deps = reorganize(f"L{layer}.{'fwd' if phase == 'fwd' else 'bwd'}", layer, deps)
-        work = MemAction("gpu", f"L{layer}.{phase}.working", lp.working_bytes)
+        # the phase's own working block: a static plan's arena with the phase's tensors beside it (the backward's
+        # gradients are not the forward's, `MemoryBreakdown.phase_working_bytes`; the caching allocator's: one figure)
+        work = MemAction("gpu", f"L{layer}.{phase}.working", mem.phase_working_bytes(phase))
         ops, tail = emit_chain(g, costs, device=d, layer=layer, phase=phase, deps=deps, layout=layout,
                                profile=profile, mem_start=kept + (work,),
                                mem_end=(MemAction("gpu", work.tensor, -work.nbytes),) + freed, last_deps=last_deps)
@@ -470,10 +473,11 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
     raises `MemoError`. ``record=True`` also keeps the op graph (``ops``, with dependencies) and
     the links' load at every rate change (``link_log``), for checks and debugging.
 
-    A policy without a static memory plan runs on PyTorch's caching allocator: its whole
-    iteration is replayed (`memo_sim.memplan.iteration_replay`) against the GPU's capacity, each
-    reorganisation's stall is charged on the compute stream where it happens, and a replay that
-    runs out of memory (fragmentation, where the byte count alone fits) ends the run as OOM.
+    The whole iteration is replayed through PyTorch's caching allocator (`memo_sim.memplan.iteration_replay`)
+    against the GPU's capacity, each reorganisation's stall is charged on the compute stream where it happens, and
+    a replay that runs out of memory (fragmentation, where the byte count alone fits) ends the run as OOM. Under a
+    static memory plan the replay holds the plan's arena as one request and replays what the plan leaves to the
+    caching allocator (`engine_replay`).
     ``allocator_lag`` models ``record_stream`` on collective buffers with the GPU that many layers
     behind the CPU (0: the layout's, `memo_sim.memplan.iteration_replay.record_stream_lag` where
     ``layout.nccl_record_stream``, else the GPU keeps up).
@@ -508,7 +512,7 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
         # 44.61 GiB of 78.00 GiB in use' named the allocated bytes alone)
         held = (f": {fmt_bytes(ev.reserved_bytes)} reserved, {fmt_bytes(ev.cached_free_bytes)} of it free in pieces of "
                 f"segments still in use" if ev else "")
-        failure = Failure("OOM", None, f"{replay.oom_request} (caching-allocator fragmentation{held})",
+        failure = Failure("OOM", None, f"{replay.oom_request} ({fragmentation_words(model, layout, policy)}{held})",
                           float(ev.requested_bytes) if ev else 0.0, float(ev.allocated_bytes) if ev else 0.0,
                           sched.memory.gpu_capacity_bytes, dev, None, None)
     status = failure.status if failure else "OK"
