@@ -151,11 +151,13 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         _warn(warn)
         return
     if nproc is not None:
-        from memo_exec.distributed.launch import backend_for, launch_nproc, rank_device  # noqa: PLC0415
+        from memo_exec.distributed.launch import (  # noqa: PLC0415
+            backend_for, launch_nproc, rank_device, say_memory_plan_not_followed)
         from memo_exec.distributed.runner import check_plan_for_world  # noqa: PLC0415
 
         check_plan_for_world(plan, nproc, opts)
         backend_for(rank_device(device, 0))
+        say_memory_plan_not_followed(plan, opts, click.echo)  # once the plan is not refused, before the ranks start
         from memo_sim.fileio import OutputFolder  # noqa: PLC0415
 
         # rank 0 writes into a staging folder in --out (beside it where it is created), moved in when every rank
@@ -553,7 +555,8 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
         path, summary = validate(model, profile, plans, device=dev, steps=steps, out_dir=out_dir,
                                  report_path=report_path, command=command, budget_s=budget_s, record=record,
                                  speed_retries=speed_retries, layout=layout, micro_batches=micro_batches,
-                                 progress=(lambda done, total: bar.update(done - bar.pos)) if progress else None)
+                                 progress=(lambda done, total: bar.update(done - bar.pos)) if progress else None,
+                                 say=lambda line: click.echo(line, err=True))
     click.echo(f"wrote {path}: {summary_line(summary)}; {summary['recorded']}")
     if "fitted curves" in summary.get("attention_pricing", ""):  # the report's line, where a timed shape would do better
         click.echo(f"note: attention priced {summary['attention_pricing']}", err=True)

@@ -676,12 +676,16 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
                  f"dtype, fp32 master weights and moments where the dtype is 16-bit).")
     if m.get("world", 1) > 1:
         L.append("")
-        L.append(f"Distributed run: the executor's estimate is rank {m.get('rank', 0)}'s static memory (model states "
-                 "after ZeRO, the policy's activation storage, lse and norm statistics); its transient, boundary, "
-                 "classifier and optimizer-step terms are not estimated (they come from a dry run of the layer on "
-                 "the meta device, which cannot run the collectives), so they, the total and the row `executor's "
-                 "memory estimate` above read — (a sum of the static terms against the predicted peak would read as "
-                 "an error).")
+        carried = "peak_total" not in getattr(res.estimate, "not_estimated", ("peak_total",))
+        L.append(f"Distributed run: the executor's estimate is rank {m.get('rank', 0)}'s: its static memory (model "
+                 "states after ZeRO, the policy's activation storage, lse and norm statistics) made here"
+                 + ("; its transient, boundary and classifier terms the plan's own (the simulator's for one GPU of "
+                    "the layout, in this run's dtype: a dry run of the layer on the meta device cannot run the "
+                    "collectives), its optimizer-step term not estimated (—)." if carried else
+                    "; its transient, boundary, classifier and optimizer-step terms are not estimated (they come "
+                    "from a dry run of the layer on the meta device, which cannot run the collectives, and the plan "
+                    "carries none), so they, the total and the row `executor's memory estimate` above read — (a sum "
+                    "of the static terms against the predicted peak would read as an error)."))
         unsized = [r["term"] for r in cmp_.memory if r["executor_bytes"] is None
                    and r["term"] in ("skeletal_resident", "buffers", "lse", "norm_stats")]
         if unsized:  # the policy's activations are kept by autograd (`ActivationPolicy.unsized_terms`)

@@ -21,7 +21,7 @@ from memo_exec.attention import AttnDims, layer_needs, meta_stand_in, preferred_
 from memo_exec.data import TokenSource
 from memo_exec.device import (compute_dtype, device_free_bytes, element_size, host_available_bytes,
                               profile_provenance, resolve_device, use_calibrated_threads)
-from memo_exec.errors import ExecError
+from memo_exec.errors import ExecError, FitError
 from memo_exec.host_malloc import keep_freed_memory
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
     storage_bytes
@@ -224,6 +224,23 @@ class ExecutorBase:
     estimate, and provides ``allocate``, ``forward_backward(step)`` (the loss) and
     ``optimizer_step()``."""
 
+    def fit_error(self) -> FitError | None:
+        """`check_fit`'s refusal of this executor's estimate against its device's free memory, or None where it
+        fits (the single-device executor raises it; a distributed rank first agrees with the others,
+        `memo_exec.distributed.runner.DistExecutor.check_fit`)."""
+        free = capped_free(self.plan.layout, self.device_spec, *device_free_bytes(self.device_spec))
+        what = f"{self.model.name} ({self.model.layers} layers, {self.tokens} tokens, {self.plan.policy.label()})"
+        where = f"cuda:{self.device_spec.index}" if self.device_spec.is_cuda else "this host"
+        if self.device_spec.is_cuda and (f := fraction(self.plan.layout)) is not None:
+            where += f" under the plan's per_process_memory_fraction {f:g}"
+        try:
+            check_fit(self.estimate, device_free=free, host_available=host_available_bytes(),
+                      on_cuda=self.device_spec.is_cuda, what=what, where=where,
+                      hint="; try --layers N" if self.model.layers > 2 else "")
+        except FitError as e:
+            return e
+        return None
+
     def set_up(self, plan: Plan, opts: RunOptions, device_spec, data_rows: int) -> None:
         """The shared set-up: checks, model, device, dtype, batch, tokens (``data_rows`` sequences
         per iteration: the replica's, or the global batch for a rank of many)."""
@@ -348,14 +365,9 @@ class Executor(ExecutorBase):
 
     # ------------------------------------------------------------------ sizes
     def _check_fit(self) -> None:
-        free = capped_free(self.plan.layout, self.device_spec, *device_free_bytes(self.device_spec))
-        what = f"{self.model.name} ({self.model.layers} layers, {self.tokens} tokens, {self.plan.policy.label()})"
-        where = f"cuda:{self.device_spec.index}" if self.device_spec.is_cuda else "this host"
-        if self.device_spec.is_cuda and (f := fraction(self.plan.layout)) is not None:
-            where += f" under the plan's per_process_memory_fraction {f:g}"
-        check_fit(self.estimate, device_free=free, host_available=host_available_bytes(),
-                  on_cuda=self.device_spec.is_cuda, what=what, where=where,
-                  hint="; try --layers N" if self.model.layers > 2 else "")
+        err = self.fit_error()
+        if err is not None:
+            raise err
 
     # ------------------------------------------------------------------ allocate
     def allocate(self) -> None:

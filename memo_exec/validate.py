@@ -122,12 +122,16 @@ class ValidationRow:
     # `memo_exec.distributed.launch.oversubscription`)
     oversubscribed: str | None = None
     ran_dtype: str | None = None  # the dtype the run trained in, memo's name (its measured.json), e.g. fp32 on a CPU
+    # a multi-device plan whose static memory plan the ranks do not follow: the console's line, beside the memory row
+    # (`memo_exec.distributed.runner.memory_plan_not_followed`)
+    memory_plan_note: str | None = None
 
     def to_dict(self) -> dict:
         return {"plan": self.label, "status": self.status, "plan_file": self.plan_file, "run_dir": self.run_dir,
                 "quantities": self.quantities, "speed_probe": self.speed_probe,
                 "discarded_drifts_pct": self.discarded_drifts_pct, "moe_alltoall": self.alltoall,
-                "allocator": self.allocator, "oversubscribed": self.oversubscribed, "ran_dtype": self.ran_dtype}
+                "allocator": self.allocator, "oversubscribed": self.oversubscribed, "ran_dtype": self.ran_dtype,
+                "memory_plan_note": self.memory_plan_note}
 
 
 def kendall_tau(xs: list[float], ys: list[float]) -> float | None:
@@ -530,8 +534,10 @@ def run_plan(plan_file: Path, run_dir: Path, device: str, steps: int, timeout: f
 def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec], *, device: str,
                    steps: int, out_dir: Path, progress=None, budget_s: float | None = None,
                    runner=run_plan, speed_retries: int = 1, layout: Layout | None = None,
-                   micro_batches: int = 1) -> list[ValidationRow]:
-    """Predict, write and run every plan (each in its own process). ``budget_s`` bounds the runs'
+                   micro_batches: int = 1, say=None) -> list[ValidationRow]:
+    """Predict, write and run every plan (each in its own process); ``say`` (a line) tells the console, before the
+    runs, of each multi-device plan whose static memory plan the ranks will not follow (`ValidationRow
+    .memory_plan_note`). ``budget_s`` bounds the runs'
     wall time: each gets a timeout from what is left, shared in proportion to the plans' predicted
     cost; a plan that no longer fits is a ``skipped`` row. A CPU run during which the machine's
     speed moved more than `SPEED_DRIFT_LIMIT` from the calibration's (`memo_exec.speed_probe`) is
@@ -549,10 +555,10 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
             continue
         sim = predict(model, spec.seq, spec.policy, profile, layout, micro_batches)
         pq = predicted_quantities(sim)
-        plan_file = write_plan(plan_for(model, spec.seq, spec.policy, profile, sim, layout, micro_batches),
-                               out_dir / "plans" / f"plan-{k:02d}.json")
+        plan = plan_for(model, spec.seq, spec.policy, profile, sim, layout, micro_batches)
+        plan_file = write_plan(plan, out_dir / "plans" / f"plan-{k:02d}.json")
         row = ValidationRow(spec.label, "ran", _pred_only(pq), plan_file=str(plan_file),
-                            predicted_timeline=sim.timeline)
+                            predicted_timeline=sim.timeline, memory_plan_note=_memory_plan_note(plan))
         replays[k] = predicted_allocator(sim, model, spec.seq, spec.policy, profile, layout)
         row.allocator = allocator_comparison(replays[k], not_measured("the plan did not run"))
         rows.append(row)
@@ -560,6 +566,9 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
             row.status = f"predicted {sim.status}"
             continue
         todo.append((k, row, pq, steps * (sim.iteration_s or 0.0) + RUN_STARTUP_S))
+    for _k, row, _pq, _c in todo:
+        if say is not None and row.memory_plan_note:
+            say(row.memory_plan_note.replace("note: ", f"note: {row.label}: ", 1))
     done = len(plans) - len(todo)
     if progress and done:
         progress(done, len(plans))
@@ -593,6 +602,15 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
         if progress:
             progress(done + n + 1, len(plans))
     return rows
+
+
+def _memory_plan_note(plan: Plan) -> str | None:
+    """`memo_exec.distributed.runner.memory_plan_not_followed` of a multi-device plan (None for one device)."""
+    if plan.layout.gpus == 1:
+        return None
+    from memo_exec.distributed.runner import memory_plan_not_followed  # noqa: PLC0415 - imports torch
+
+    return memory_plan_not_followed(plan)
 
 
 def _moved(path: str | None, stage: Path, out: Path) -> str | None:
@@ -799,6 +817,10 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
             q = r.quantities[key]
             cells += [_fmt(q["predicted"], unit), _fmt(q["measured"], unit), _err_cell(q)]
         lines.append(f"| {r.label} | {r.status} | " + " | ".join(cells) + " |")
+    # beside the memory row: the plans whose memory plan the ranks did not follow (`ValidationRow.memory_plan_note`)
+    notes = [f"- peak memory of {r.label}: {r.memory_plan_note.removeprefix('note: ')}" for r in rows
+             if r.memory_plan_note]
+    lines += [""] + notes if notes else []
     lines += ["", "## Summary", "", f"- plans: {summary['plans']}, ran: {summary['ran']}, failed: {summary['failed']} "
               f"(out of memory: {summary['oom']})",
               f"- Kendall tau, predicted vs measured ordering of step times: {_tau_text(summary)}",
@@ -933,9 +955,9 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
              steps: int, out_dir: str | Path, report_path: str | Path | None, command: str,
              progress=None, budget_s: float | None = None, runner=run_plan,
              record: bool = True, speed_retries: int = 1, layout: Layout | None = None,
-             micro_batches: int = 1) -> tuple[Path, dict]:
-    """Run the validation and write the report (markdown and ``validation.json``); with ``record``
-    write the measured step-time errors into the profile's file (`record_in_profile`; the line
+             micro_batches: int = 1, say=None) -> tuple[Path, dict]:
+    """Run the validation (``say``: `run_validation`'s) and write the report (markdown and ``validation.json``);
+    with ``record`` write the measured step-time errors into the profile's file (`record_in_profile`; the line
     saying where is ``summary["recorded"]``); raise `ExecError` (one line) when no plan ran, after
     writing the report."""
     if not plans:
@@ -959,7 +981,7 @@ def validate(model: ModelConfig, profile: HardwareProfile, plans: list[PlanSpec]
         with CpuShareMeter() as share:
             rows = run_validation(model, profile, plans, device=device, steps=steps, out_dir=stage,
                                   progress=progress, budget_s=budget_s, runner=runner, speed_retries=speed_retries,
-                                  layout=layout, micro_batches=micro_batches)
+                                  layout=layout, micro_batches=micro_batches, say=say)
         summary = summarize(rows)
         summary["load_average_1min"] = [load0, _load_1min()]
         summary["cpu_share"] = share.result.to_dict() if share.result is not None else None

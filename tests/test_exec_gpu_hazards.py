@@ -300,20 +300,27 @@ def test_sppo_times_pieces_from_marks_with_one_synchronisation_per_step():
 
 
 def test_sppo_host_rows_fall_back_to_pageable_when_pinning_fails(monkeypatch):
+    """SPPO's unit blocks are MEMO's `HostPool`s (h3's review fix): where cudaHostRegister and the pinned allocator
+    both fail, the block is pageable, said once, and the later blocks are pageable at once (no second attempt)."""
     from memo_exec.sppo import offload as OFF
     from memo_exec.streams import HostStreams
 
-    def refuse(shape, dtype):
+    def refuse(n):
         raise RuntimeError("CUDA error: out of memory (pinned)")
 
+    tried = []
+    monkeypatch.setattr(HP, "_register", lambda ptr, n: tried.append(n) or 2)
+    monkeypatch.setattr(HP, "_pinned_empty", refuse)
     eng = HostStreams()
     try:
         off = OFF.SequenceOffload(eng, torch.device("cpu"), [0.5], 1, 1, [8], set())
         off.pin = True  # what a CUDA stage asks for
-        monkeypatch.setattr(OFF, "_pinned", refuse)
         with pytest.warns(RuntimeWarning, match="pageable"):
-            t = off._host((0, 0, 0), (1, 4, 8), torch.float32)
+            [t] = off._host_slots(0, 0, [((1, 4, 8), torch.float32)])
         assert t.shape == (1, 4, 8) and not off.pin and "out of memory (pinned)" in off.pin_warning
-        assert off._host((0, 0, 1), (1, 4, 8), torch.float32).shape == (1, 4, 8)  # no second warning needed
+        assert tried == [256] and off.host_pool_describe()["pinned"] is False
+        [u] = off._host_slots(0, 1, [((1, 4, 8), torch.float32)])  # no second attempt, no second warning
+        assert u.shape == (1, 4, 8) and tried == [256] and off.pool_bytes() == 2 * 256
+        assert off._host_slots(0, 0, [((1, 4, 8), torch.float32)])[0] is t  # a unit's slots are reused
     finally:
         eng.close()

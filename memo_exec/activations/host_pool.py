@@ -43,14 +43,15 @@ METHODS = ("registered", "pinned_allocator", "pageable", "host")  # host: the de
 
 
 class HostPool:
-    def __init__(self, nbytes: int, device: torch.device) -> None:
+    def __init__(self, nbytes: int, device: torch.device, pin: bool | None = None) -> None:
+        """``pin``: page-lock the pool (default: where ``device`` is a CUDA device)."""
         self.nbytes = int(nbytes)
         self.device = device
         self.registered = False
         self.method = "host"
         self.warning: str | None = None
         self.buf = torch.empty(self.nbytes, dtype=torch.uint8)
-        if device.type == "cuda" and self.nbytes > 0:
+        if (device.type == "cuda" if pin is None else pin) and self.nbytes > 0:
             self._page_lock()
         self._off = 0
         self.owner = True  # False: a view of another pool's first bytes (`view_of`), which it neither counts nor frees
@@ -85,6 +86,13 @@ class HostPool:
             self.warning = (f"{why}, and pinned allocation failed too ({first}); the pool is pageable: copies "
                             "are staged by the driver and will not overlap compute as planned")
         warnings.warn(self.warning, RuntimeWarning, stacklevel=3)
+
+    def held_bytes(self) -> int:
+        """Host bytes the pool holds: its size, or where PyTorch's pinned allocator took it (``pinned_allocator``), the
+        power of two that allocator reserves (its CachingHostAllocator rounds a request up: this module's docs)."""
+        if self.method == "pinned_allocator" and self.nbytes > 0:
+            return 1 << (self.nbytes - 1).bit_length()
+        return self.nbytes
 
     def describe(self) -> dict:
         """What `measured.json` reports about the pool (``meta.host_pool``)."""

@@ -215,6 +215,17 @@ def stdout_gone() -> None:
         pass
 
 
+def say_memory_plan_not_followed(plan, opts, echo) -> None:
+    """At the start of a multi-device run, once (by the --nproc launcher, or by rank 0 where torchrun started the
+    ranks itself), after the refusals that need no communication: the one line saying that the plan's static memory
+    plan is not followed (`memo_exec.distributed.runner.memory_plan_not_followed`), on stderr."""
+    from memo_exec.distributed.runner import memory_plan_not_followed  # noqa: PLC0415
+
+    line = memory_plan_not_followed(plan, opts.use_memory_plan)
+    if line:
+        echo(line, err=True)
+
+
 def quiet_echo(echo):
     """``echo`` that stops writing to stdout, quietly, once its reader has gone (`stdout_gone`)."""
     gone = [False]
@@ -400,6 +411,8 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
     plan = read_plan(plan_file)
     use_profile(plan, opts.profile)
     check_plan_for_world(plan, world, opts)  # before joining: every rank refuses alike
+    if rank == 0 and not in_process and OUT_ENV not in os.environ:  # torchrun started the ranks, not --nproc's launcher
+        say_memory_plan_not_followed(plan, opts, echo)
     device = rank_device(opts.device, local_rank)
     backend_for(device)
     if timeout_s <= 0:

@@ -73,6 +73,32 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
     schedule_for(plan)  # the data parallelism and the split over the ranks: run_model's (memo_sim.plan.executor_scope)
 
 
+def split_layer_why(lay, tp: int, moe: bool) -> str | None:
+    """Why a rank's layer is not the one-device layer the plan's memory plan (level 1) names, so that its scratch comes
+    from the caching allocator (`DistExecutor._arena_why_not`), or None: a tensor, context or Ulysses split inside
+    it, or routed experts."""
+    split = [f"{k} {v}" for k, v in (("tp", tp), ("cp", lay.cp), ("ulysses", lay.ulysses)) if v > 1]
+    if split:
+        return "no memory plan for a layer split by " + ", ".join(split)
+    return "no memory plan for a mixture-of-experts layer" if moe else None
+
+
+def memory_plan_not_followed(plan: Plan, use_memory_plan: bool = True) -> str | None:
+    """The one console line memo-exec says at the start of a multi-device run (``run`` and ``validate``) whose plan
+    carries a static memory plan that the ranks will not follow (`split_layer_why`; the layer's scratch then comes
+    from the caching allocator), or None. The simulator priced that plan's arena (offsets fixed, no fragmentation:
+    `memo_sim.memplan`), so the run's peak can exceed the prediction (a review: report.md alone said so)."""
+    mp = plan.memory_plan
+    if mp is None or not mp.phases or not use_memory_plan:
+        return None
+    why = split_layer_why(plan.layout, plan.layout.tp, plan.model.moe)
+    if why is None:
+        return None
+    return (f"note: the plan's static memory plan is not followed ({why}: every layer scratch tensor comes from the "
+            f"caching allocator); the simulator priced its arena (no fragmentation), so peak memory may exceed the "
+            f"prediction")
+
+
 class _KillHook(LayerHooks):
     """Test hook: SIGKILL this rank after its first layer's forward in step ``ex.kill_at_step``."""
 
@@ -144,6 +170,7 @@ class DistExecutor(ExecutorBase):
         self.token_index = local_token_index(ctx, self.batch, self.seq)
         self.micro_index = local_token_index(ctx, self.micro, self.seq)
         self.estimate = self._estimate()
+        self.check_fit()
         self.kill_at_step: int | None = None  # test hook (memo_exec.distributed.launch.KILL_ENV)
         self.use_cpu_threads()
 
@@ -153,16 +180,12 @@ class DistExecutor(ExecutorBase):
         tensors; a rank whose layer is that layer (no tensor, context or Ulysses split inside it, no
         experts: pipeline stages, data-parallel replicas) places them in one arena per rank, reused by
         every layer phase of every micro-batch it runs (a stage runs one phase at a time)."""
-        mp, lay = plan.memory_plan, self.layout
+        mp = plan.memory_plan
         if mp is None or not mp.phases:
             return "no memory plan"
         if not opts.use_memory_plan:
             return "--no-memory-plan"
-        split = [f"{k} {v}" for k, v in (("tp", self.flavour.size), ("cp", lay.cp), ("ulysses", lay.ulysses)) if v > 1]
-        if split or self.model.moe:
-            return ("no memory plan for a layer split by " + ", ".join(split) if split
-                    else "no memory plan for a mixture-of-experts layer")
-        return None
+        return split_layer_why(self.layout, self.flavour.size, self.model.moe)
 
     # ------------------------------------------------------------------ sizes
     def _expert_range(self) -> tuple[int, int]:
@@ -231,10 +254,13 @@ class DistExecutor(ExecutorBase):
         return rows * width // (self.flavour.size * lay.ulysses) * element_size(self.dtype)
 
     def _estimate(self) -> MemoryEstimate:
-        """This rank's static device memory (model states after ZeRO, the policy's activation
-        storage, and under a memory plan the layer's arena). The other transient terms are not
-        estimated for distributed runs (the single-device estimate comes from a dry run of the layer on
-        the meta device, which cannot run collectives)."""
+        """This rank's device memory: the static terms made here (model states after ZeRO, the policy's activation
+        storage) and the transient ones the plan carries, the simulator's for one GPU of its layout
+        (``predicted.memory_breakdown_bytes``: ``transient_peak_bytes``, ``layer_boundary_bytes``,
+        ``classifier_peak_bytes``, `memo_sim.plan.contract.Prediction`; `_plan_transients`), under a memory plan at
+        least this rank's arena. The single-device estimate sizes them from a dry run of the layer on the meta device,
+        which cannot run this rank's collectives. A review: they were 0, so a plan whose transients alone exceed the
+        device passed the check and died mid-step. A plan that carries none leaves them not estimated, as before."""
         total, layer_unit, first_unit, experts, expert_layer = self._local_param_numel()
         # ZeRO 3 gathers the first unit at the step's start and keeps it to the optimizer (`GradSync.begin_step`),
         # beside the layer that runs and the next one's weights, gathered ahead
@@ -299,14 +325,22 @@ class DistExecutor(ExecutorBase):
         per_lse = pols[0].lse_bytes_per_layer() if pols else 0
         if per_lse:  # Ulysses keeping its head-sharded tensors in the attention's aux, which lives as its lse does
             terms["skeletal_resident"] += terms["lse"] // per_lse * self._ulysses_kept_bytes()
-        unknown = ["transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak"]
+        carried = self._plan_transients()
+        unknown = [k for k in ("transient_peak", "layer_boundary", "classifier_peak") if k not in carried]
+        unknown += ["optimizer_step_peak"]  # the executor's own term (the simulator has none): not made here
         unknown += sorted({k for p in pols for k in p.unsized_terms})  # kept by autograd: not sized before the step
         for k in unknown:
             terms[k] = 0
+        terms.update(carried)
         if self.arena_plan is not None:  # the layer's planned scratch: the arena this rank allocates
-            terms["transient_peak"] = self.arena_plan.arena_bytes
-            unknown.remove("transient_peak")
-        terms["peak_total"] = sum(terms.values())
+            terms["transient_peak"] = max(terms["transient_peak"], self.arena_plan.arena_bytes)
+            if "transient_peak" in unknown:
+                unknown.remove("transient_peak")
+        # the simulator's formula (`memo_exec.memory_estimate`): the static terms and the largest of the transient peaks
+        static = sum(v for k, v in terms.items() if k not in ("transient_peak", "layer_boundary", "classifier_peak",
+                                                              "optimizer_step_peak"))
+        terms["peak_total"] = static + max(terms["transient_peak"] + terms["layer_boundary"],
+                                           terms["classifier_peak"], terms["optimizer_step_peak"])
         slot_host = [p.host_bytes() for p in pols[:len(sizes)]]  # one slot's host slots, shared as its blocks
         # an offloading policy on a pipeline rank: each slot's host slots for the units the rank's order offloads
         # there (`PipelineSchedule.host_layers`), as `build_runtimes` sizes them (a review: every layer of every slot)
@@ -317,8 +351,41 @@ class DistExecutor(ExecutorBase):
             pool = n * max(slot_host, default=0)
         host = (pool + n * sum(p.host_bytes() for p in pols[len(sizes):])
                 + (HostAdamW.host_bytes_for(shard, self.dtype) if lay.optimizer_offload else 0))
-        # peak_total holds the static terms only: compared as none too, as the terms it lacks
-        return MemoryEstimate(terms, host, {}, not_estimated=(*unknown, "peak_total"))
+        # without the plan's transients peak_total holds the static terms only: compared as none too
+        partial = any(k in unknown for k in ("transient_peak", "layer_boundary", "classifier_peak"))
+        return MemoryEstimate(terms, host, {}, not_estimated=(*unknown, *(["peak_total"] if partial else [])))
+
+    def _plan_transients(self) -> dict[str, int]:
+        """The transient terms the plan carries (``predicted.memory_breakdown_bytes``, the simulator's for one GPU of
+        the plan's layout, in the plan's dtype) by this estimate's names, in the run's dtype: scaled by the ratio of
+        element sizes (a CPU run trains a bf16 plan in fp32: twice the bytes); {} where the plan carries none."""
+        from memo_exec.device import DTYPES  # noqa: PLC0415
+        from memo_exec.memory_estimate import SIM_TERMS  # noqa: PLC0415
+
+        bd = self.plan.predicted.memory_breakdown_bytes or {}
+        plan_dtype = DTYPES.get(self.plan.model.dtype)
+        scale = element_size(self.dtype) / element_size(plan_dtype) if plan_dtype is not None else 1.0
+        out = {}
+        for k in ("transient_peak", "layer_boundary", "classifier_peak"):
+            v = bd.get(SIM_TERMS[k])
+            if isinstance(v, (int, float)) and v >= 0:
+                out[k] = int(v * scale)
+        return out
+
+    def check_fit(self) -> None:
+        """Refuse in one line, before anything is allocated, a rank whose estimate does not fit its device
+        (`memo_exec.runner.ExecutorBase.fit_error`); every rank refuses when one does (a MAX all-reduce of the
+        verdicts over the world: a rank that went on would wait in its first collective until --pg-timeout)."""
+        err = self.fit_error()
+        flag = torch.tensor([1.0 if err is not None else 0.0],
+                            device=self.device if self.device_spec.is_cuda else torch.device("cpu"))
+        if self.ctx.world > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if err is not None:
+            raise err
+        if flag.item() > 0:
+            raise ExecError(f"rank {self.ctx.rank} stops: another rank's memory estimate does not fit its device "
+                            f"(its line says which)")
 
     def _meta_policy(self, layers: int, pipelined: bool | None = None):
         """An instance of the plan's activation policy over ``layers`` layers on the meta device, as the schedule

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
+from memo_exec.distributed.collectives import gather_interleaved, reduce_scatter_single
 
 EP_STREAM = "ep_comm"  # the simulator's stream of the dispatcher's collectives (`memo_sim.timeline.STREAMS`)
 
@@ -92,10 +92,12 @@ def exchange_counts(send: torch.Tensor, group, tag: A2ATag | None = None) -> tor
 
 
 def _gather(t: torch.Tensor, p: int, group) -> torch.Tensor:
+    """Row t*p + r = rank r's row t, gathered inside its one output (`gather_interleaved`: no rank-major buffer
+    beside it)."""
     n, w = t.shape
-    rank_major = t.new_empty(p * n, w)
-    all_gather_single(rank_major, t.contiguous(), group=group)
-    return rank_major.view(p, n, w).transpose(0, 1).reshape(n * p, w)
+    out = t.new_empty(n * p, w)
+    gather_interleaved(out, t.contiguous(), p, group)
+    return out
 
 
 def _reduce_scatter(t: torch.Tensor, p: int, group) -> torch.Tensor:

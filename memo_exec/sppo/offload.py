@@ -8,9 +8,15 @@ its backward. Token-major activations (``[b, n, width]`` with the piece's ``n`` 
 offloadable ones, the same tensors the simulator's policy offloads; weights, the LayerNorm statistics, the
 lse and the K/V chunks (which live in the K/V cache, `memo_exec.sppo.kvcache`) stay. After the
 unit's forward its first ``floor(alpha_i * n)`` token rows of every offloadable tensor are copied
-to a pinned host pool on the d2h stream (alpha_i of the unit's subsequence i, from the plan), the
+to pinned host memory on the d2h stream (alpha_i of the unit's subsequence i, from the plan), the
 other rows are kept on the device and the full tensor is let go, so the copy runs while the next
-unit computes. A stage's last two units go straight into backward and are not offloaded (the
+unit computes. Each offloaded unit's host rows are one exact-size block (`memo_exec.activations.host_pool
+.HostPool`, MEMO's pool: page-locked in place with ``cudaHostRegister``), made at the unit's first offload from the
+shapes autograd saved and reused every step, its tensors' views at ``HOST_ALIGN`` offsets: the ``registered_pool``
+layout the simulator sizes SPPO's host memory by (`memo_sim.memplan.footprint.sppo_host_stages`). A review: one
+``torch.empty(..., pin_memory=True)`` per tensor went through PyTorch's pinned host allocator, which rounds each
+request up to a power of two (gpt-7b, 384K, tp 2 pp 4: ~1.69 TiB pinned where the simulator said 1.22 TiB).
+A stage's last two units go straight into backward and are not offloaded (the
 simulator's rule, `memo_sim.policy.sppo.unit_is_offloaded`).
 
 Before a piece's backward, every offloaded unit of that piece is prefetched on the h2d stream (it
@@ -30,16 +36,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from memo_exec.activations.host_pool import HostPool
 from memo_exec.errors import ExecError
 from memo_exec.happens_before import Region
 from memo_exec.sppo.clock import StepClock
 from memo_exec.streams import CopyLabel
 from memo_sim.policy.host_layout import offload_token_count
 from memo_sim.policy.sppo import unit_is_offloaded
-
-
-def _pinned(shape, dtype) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype, pin_memory=True)
 
 
 @dataclass
@@ -95,8 +98,9 @@ class SequenceOffload:
         self.clock = clock or StepClock(device)  # the prefetch waits' marks, read in `end_step`
         self.n_units = len(piece_tokens) * layers
         self.pin = device.type == "cuda"
-        self.pin_warning: str | None = None  # set when pinning failed and the pool went pageable
-        self.pool: dict[tuple, torch.Tensor] = {}
+        self.pin_warning: str | None = None  # set when page-locking a unit's block failed (`HostPool`'s fallbacks)
+        self.pool: dict[tuple, torch.Tensor] = {}  # host slot -> its view in a unit's block
+        self.host_pools: list[HostPool] = []  # every unit's block, in the order they were made
         self.units: dict[tuple[int, int], _Unit] = {}
         self.stats: list[UnitStats] = []
 
@@ -164,29 +168,49 @@ class SequenceOffload:
         return None
 
     def pool_bytes(self) -> int:
-        """Bytes of the host pool (every offloaded unit's rows; pinned on CUDA)."""
-        return sum(t.numel() * t.element_size() for t in self.pool.values())
+        """Host bytes the offload holds for its rows (page-locked on CUDA): every offloaded unit's exact-size block
+        (`HostPool.held_bytes`), what the simulator prices as SPPO's pinned host memory."""
+        return sum(p.held_bytes() for p in self.host_pools)
 
-    def _host(self, key: tuple, shape, dtype) -> torch.Tensor:
-        t = self.pool.get(key)
-        if t is None or tuple(t.shape) != tuple(shape) or t.dtype != dtype:
-            t = self._alloc_host(shape, dtype)
-            self.pool[key] = t
-        return t
+    def host_pool_describe(self) -> dict:
+        """What ``measured.json`` may report of the blocks (as MEMO's ``meta.host_pool``)."""
+        methods = sorted({p.method for p in self.host_pools})
+        return {"bytes": self.pool_bytes(), "blocks": len(self.host_pools), "method": ", ".join(methods) or None,
+                "pinned": bool(methods) and all(m in ("registered", "pinned_allocator") for m in methods),
+                "warning": self.pin_warning}
 
-    def _alloc_host(self, shape, dtype) -> torch.Tensor:
-        """Page-locked on CUDA; if pinning fails, pageable from then on, with a warning (the copies
-        then go through the driver's staging buffer and overlap compute less than planned)."""
-        if self.pin:
-            try:
-                return _pinned(shape, dtype)
-            except RuntimeError as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                self.pin = False
-                self.pin_warning = (f"sppo: pinning the host pool failed ({first}); offloaded rows go to pageable "
-                                    "memory and their copies will not overlap compute as planned")
-                warnings.warn(self.pin_warning, RuntimeWarning, stacklevel=3)
-        return torch.empty(shape, dtype=dtype)
+    def _host_slots(self, k: int, j: int, specs: list[tuple[tuple, torch.dtype]]) -> list[torch.Tensor]:
+        """The host slots of unit (piece k, layer j)'s saved tensors of ``specs`` (shape, dtype): the views made at its
+        first offload, or views of a new exact-size block (`HostPool.layout_bytes`) where they are not there yet."""
+        keys = [self._slot(k, j, i) for i in range(len(specs))]
+        have = [self.pool.get(key) for key in keys]
+        if all(t is not None and tuple(t.shape) == tuple(sh) and t.dtype == dt for t, (sh, dt) in zip(have, specs)):
+            return have
+        block = self._new_block(HostPool.layout_bytes(specs))
+        out = [block.take(tuple(sh), dt) for sh, dt in specs]
+        self.pool.update(zip(keys, out))
+        return out
+
+    def _new_block(self, nbytes: int) -> HostPool:
+        """One unit's block, page-locked on CUDA. Where page-locking fails `HostPool` falls back (PyTorch's pinned
+        allocator, then pageable memory: the copies then go through the driver's staging buffer and overlap compute
+        less than planned); said once, as a ``RuntimeWarning``, and after a pageable fallback the later blocks are
+        pageable at once."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            block = HostPool(nbytes, self.device, pin=self.pin)
+        if block.warning and self.pin_warning is None:
+            self.pin_warning = f"sppo: {block.warning}"
+            warnings.warn(self.pin_warning, RuntimeWarning, stacklevel=3)
+        if block.method == "pageable":
+            self.pin = False
+        self.host_pools.append(block)
+        return block
+
+    def close(self) -> None:
+        """Unregister the blocks (after the streams' last copies: `HostPool.close` synchronises)."""
+        for block in self.host_pools:
+            block.close()
 
     # -- what the race detector sees (`memo_exec.happens_before`: physical regions with content) ---------
     def _region(self, t: torch.Tensor, u: _Unit, i: int, where: str) -> Region:
@@ -221,10 +245,12 @@ class SequenceOffload:
         if u.saved:  # what the unit's forward wrote
             self.streams.compute.access(f"forward{u.key}", writes=[self._region(s.full, u, i, "saved")
                                                                    for i, s in enumerate(u.saved)])
+        hosts = self._host_slots(k, j, [((s.full.shape[0], r) + tuple(s.full.shape[2:]), s.full.dtype)
+                                        for s in u.saved]) if u.saved else []
         for i, s in enumerate(u.saved):
             t = s.full.detach()
             s.rows = r
-            s.host = self._host(self._slot(k, j, i), (t.shape[0], r) + tuple(t.shape[2:]), t.dtype)
+            s.host = hosts[i]
             pairs.append((s.host, t[:, :r]))
             reads.append(self._region(t[:, :r], u, i, "saved"))
             writes.append(self._region(s.host, u, i, "host slot of"))

@@ -165,6 +165,7 @@ class StageRunner:
         return self.stage.parameters()
 
     def close(self) -> None:
+        self.offload.close()  # its host blocks unregistered (after the device's work: `HostPool.close`)
         if self.own_streams:
             self.streams.close()
 

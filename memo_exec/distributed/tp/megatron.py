@@ -7,7 +7,8 @@ Column-parallel qkv and fc1 (this rank's heads / FFN columns), row-parallel out_
 - with SP, ``gather`` all-gathers the sequence (``all_gather_into_tensor``) and ``reduce``
   reduce-scatters it (``reduce_scatter_tensor``), in the interleaved token order of
   `memo_exec.distributed.context.local_token_index` (gathered row t*p + j is rank j's local
-  row t): the collective runs rank-major and a strided copy reorders;
+  row t): the collective runs rank-major; the gather reorders piece by piece inside its one
+  full-length output (`gather_interleaved`), the reduce-scatter through a strided copy;
 - without SP, ``gather`` is the identity (every rank holds every token) and ``reduce`` is an
   all-reduce.
 
@@ -22,7 +23,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
+from memo_exec.distributed.collectives import gather_interleaved, reduce_scatter_single
 from memo_exec.distributed.tp.base import TPFlavour
 from memo_exec.distributed.tp.registry import register_tp
 from memo_exec.layer import LayerCompute, LayerWeights, TPComm, storage_shapes
@@ -41,15 +42,14 @@ class MegatronComm(TPComm):
         return self.timer.span(op, None, "comm", stream="comm", nbytes=t.numel() * t.element_size())
 
     def gather(self, t: torch.Tensor, X, name: str) -> torch.Tensor:
+        """The sequence all-gathered into one full-length buffer ``name`` in the interleaved order (gathered row
+        t*p + j is rank j's local row t), with no second full-length buffer: `gather_interleaved`."""
         if not self.sp:
             return t
         n, w = t.shape
-        rank_major = X.get(name + "_rank_major", (self.size * n, w), t.dtype)
-        with self._span("tp_all_gather", rank_major):
-            all_gather_single(rank_major, t.contiguous(), group=self.group)
         out = X.get(name, (n * self.size, w), t.dtype)
-        out.view(n, self.size, w).copy_(rank_major.view(self.size, n, w).transpose(0, 1))
-        X.free(name + "_rank_major")
+        with self._span("tp_all_gather", out):
+            gather_interleaved(out, t.contiguous(), self.size, self.group)
         return out
 
     def release(self, X, name: str) -> None:
@@ -83,10 +83,7 @@ class SizesOnlyComm(MegatronComm):
         if not self.sp:
             return t
         n, w = t.shape
-        X.get(name + "_rank_major", (self.size * n, w), t.dtype)
-        out = X.get(name, (n * self.size, w), t.dtype)
-        X.free(name + "_rank_major")
-        return out
+        return X.get(name, (n * self.size, w), t.dtype)  # gathered in place (`gather_interleaved`)
 
     def reduce(self, partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return out
