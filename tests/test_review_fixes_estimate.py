@@ -11,11 +11,10 @@ from click.testing import CliRunner
 from memo_sim.cli import cli
 
 
-def test_fsdp_estimate_counts_the_data_parallel_stream(tmp_path):
+def test_fsdp_estimate_counts_the_data_parallel_stream():
     args = ["whatif", "--model", "llama-3.1-8b", "--gpus", "64", "--seq", "4K", "--tp", "1", "--dp", "64",
             "--zero", "3", "--dp-mode", "fsdp", "--profile", "h100-sxm5-80gb", "--framework", "torchtitan",
-            "--simulate-top", "all", "--jobs", "1", "--no-plan", "--policy", "store_all", "--json",
-            "--out", str(tmp_path / "o")]
+            "--simulate-top", "all", "--jobs", "1", "--no-plan", "--policy", "store_all", "--json"]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     rows = {r["layout"]: r for r in json.loads(res.output)["candidates"]}

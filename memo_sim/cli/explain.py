@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import click
 
+from memo_sim.errors import PlanError
 from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
 from memo_sim.layout.parallel import stage_first_rank, stage_shard
 from memo_sim.policy.base import uses_memory_plan
@@ -22,12 +23,24 @@ from memo_sim.report.peaks import analytic_peak, result_peak
 from memo_sim.report.whatif_answer import mfu_words
 from memo_sim.search.candidate import deciding_peak_words
 from memo_sim.search.estimate import memo_alpha
-from memo_sim.search.plan_check import refuse_layout_problem
+from memo_sim.search.plan_check import refuse_layout_problem, runnable_problems
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
 _ALPHA_WORDS = {"overlap": "the offload of one layer's bytes must hide under that layer's forward",
                 "host_memory": "the offloaded bytes of every offloaded layer must fit the node's pinned host memory",
                 "none": "every token fits both limits"}
+
+
+def refuse_runnable_problems(plan_file, plan, profile) -> None:
+    """Raise `PlanError` (one line, exit 2) where check-plan's `runnable_problems` finds one in the plan's own fields
+    (its framework among memo's, its policy's subsequence plan against the layout; the static memory plan left to
+    check-plan, which re-solves it): explain and export refuse what check-plan refuses, in its words (a review: a
+    plan naming framework 'megatron@2099' or 'bogus' was explained and exported, and check-plan refused it)."""
+    problems = runnable_problems(plan, memory_plan=False, profile=profile)
+    if problems:
+        more = (f" (and {len(problems) - 1} more: memo-sim check-plan {plan_file} lists them)" if len(problems) > 1
+                else "")
+        raise PlanError(f"{plan_file}: {problems[0]}{more}")
 
 
 @click.command("explain")
@@ -42,6 +55,7 @@ def explain(plan_file, out_format, as_json):
 
     refuse_plan_gemm_format(plan_file, plan, profile, profile_flag=False)  # as simulate and check-plan refuse it
     refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it
+    refuse_runnable_problems(plan_file, plan, profile)  # its framework and policy fields, as check-plan refuses them
     plan_for_profile(plan, profile)  # its FP8 library's copies on this GPU, as simulate prices them
     res = simulate_plan(plan, profile)
     devices = gpu_devices(res)

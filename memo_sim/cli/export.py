@@ -51,7 +51,8 @@ def _warn_if_stale(plan_file, plan) -> None:
 def _refuse_a_layout_the_whatif_refuses(plan_file, plan) -> None:
     """A plan whose layout the what-if refuses for its model and length (an edited plan: `memo-sim check-plan`'s
     `layout_problem`) is refused in one line: the script would not run (a review: 131,073 tokens exported beside
-    --context-parallel-size 4 --sequence-parallel)."""
+    --context-parallel-size 4 --sequence-parallel); so is one check-plan refuses for its own fields (a framework
+    memo does not know: `memo_sim.cli.explain.refuse_runnable_problems`)."""
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.plan_check import refuse_layout_problem  # noqa: PLC0415
 
@@ -60,6 +61,9 @@ def _refuse_a_layout_the_whatif_refuses(plan_file, plan) -> None:
     profile = load_profile(plan.profile)
     refuse_plan_gemm_format(plan_file, plan, profile, profile_flag=False)  # as simulate, explain, check-plan
     refuse_layout_problem(plan_file, plan, profile)
+    from memo_sim.cli.explain import refuse_runnable_problems  # noqa: PLC0415
+
+    refuse_runnable_problems(plan_file, plan, profile)  # its framework and policy fields, as check-plan and explain
 
 
 @click.command("export")

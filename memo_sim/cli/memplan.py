@@ -153,10 +153,18 @@ def _plan_model(model, profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy
     arena's placement; the answer names the format (``gemm_format``)."""
     from memo_sim.cost.gemm_format import check_gemm_format
     from memo_sim.layout.parallel import Layout, check_layout
+    from memo_sim.layout.schedule import schedule_runs_policy
     from memo_sim.memplan.baseline import caching_allocator_layer_report
     from memo_sim.memplan.planner import plan_memory
 
     check_gemm_format(model, profile)
+    if schedule_runs_policy("sppo", policy):  # SPPO's schedule runs it, and only it (`memo_sim.layout.schedule`)
+        # its subsequences go through PyTorch's caching allocator, never a static plan (the what-if refuses
+        # --policy sppo with --allocator plan, `memo_sim.search.whatif._sppo_flags_why_not`); this command plans one
+        # layer's forward and backward of a whole sequence, which SPPO never runs (a review: 'sppo(N=1) ... static
+        # plan arena 5.38 GiB')
+        raise MemoError("--policy sppo: SPPO runs its subsequences on PyTorch's caching allocator, never on a static "
+                        "memory plan; choose another --policy, or price SPPO with memo-sim whatif --policy sppo")
     lay = Layout(tp=tp, cp=cp, ulysses=ulysses, sp=sp, tp_mode=tp_mode)
     pol = asked_policy(policy, model, lay, alpha, MEMO_ALPHA)  # what the what-if and the simulator refuse, refused
     why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)

@@ -52,6 +52,7 @@ from memo_sim.report.whatif_answer import WhatIfView, executor_refuses, runner_u
 from memo_sim.search.frameworks import FRAMEWORKS, get_framework, policy_frameworks_words
 from memo_sim.search.plan_build import prebuild_plan
 from memo_sim.search.request import WhatifRequest, answer_whatif, plain_recipe, split_words, sweep_candidates
+from memo_sim.search.sppo import MAX_SUBSEQS
 from memo_sim.search.whatif import default_jobs, fold_duplicates
 from memo_sim.units import fmt_count, parse_token_budget
 
@@ -95,8 +96,9 @@ def _simulate_top_value(ctx, param, value):
                    "both side by side.")
 @alloc_conf_option
 @click.option("--dp-mode", default=None, type=click.Choice(["zero", "fsdp", "all"]),
-              help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off), or all the "
-                   "framework runs (default: the framework's first: zero for any, fsdp for torchtitan).")
+              help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off; a layout "
+                   "without a data-parallel, CP or Ulysses group has nothing to shard and is searched as it is), or "
+                   "all the framework runs (default: the framework's first: zero for any, fsdp for torchtitan).")
 @click.option("--rank-order", default=None, type=click.Choice([*RANK_ORDER_NAMES, "all"]),
               help="How a micro-batch pipeline's GPUs are numbered, innermost first: tp-cp-dp-pp (stages outermost, "
                    "every framework's default) or tp-cp-pp-dp (Megatron-LM's --use-tp-pp-dp-mapping), or all the "
@@ -174,7 +176,10 @@ def whatif(**options):
     """
     t0 = time.perf_counter()
     show = Show.from_options(options)
+    _refuse_out_without_plan(show)
     req = request_of(options)
+    _warn_long_sppo_simulation(req)
+    _refuse_zero0_fsdp(req)
     if show.sweep_alpha or not show.no_plan:  # an unwritable --out fails now, before the search
         OutputFolder(show.out_dir, "memo-sim whatif").discard()
     if show.sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
@@ -196,6 +201,50 @@ def whatif(**options):
     if ans.best is None:
         _say_removed(show, removed)
         click.get_current_context().exit(NOTHING_FITS)
+
+
+def _warn_long_sppo_simulation(req: WhatifRequest) -> None:
+    """Say on stderr, before the search, where a fixed --subseqs above the largest N SPPO's own search tries
+    (`memo_sim.search.sppo.MAX_SUBSEQS`) makes tier 2 long: the event simulator's SPPO schedule
+    (`memo_sim.engine.schedules.sppo`) emits every piece of every subsequence on every stage and layer, so its events
+    grow with N (a review: --subseqs 32768 on gpt-7b, 64K tokens, tp 2 x pp 4 ran minutes without a word; measured
+    here: N 1,024 about 15 s, N 4,096 over 3 minutes, its analytic tier alone 40 s at N 32,768)."""
+    if req.subseqs is None or req.subseqs <= MAX_SUBSEQS or req.simulate_top == 0:
+        return
+    if req.subseqs > req.seq // (req.tp or 1):  # refused by SPPO's search (`memo_sim.search.sppo.sppo_candidates`)
+        return
+    click.echo(f"note: --subseqs {req.subseqs:,} is above the {MAX_SUBSEQS} subsequences SPPO's search tries itself: "
+               f"the event simulator (tier 2) runs each subsequence's pieces on every stage and layer, so it takes "
+               f"time in proportion to N (minutes past a few thousand); --simulate-top 0 answers from the analytic "
+               f"tier alone", err=True)
+
+
+def _refuse_zero0_fsdp(req: WhatifRequest) -> None:
+    """Refuse --dp-mode fsdp with --zero 0 where the framework runs ZeRO 0 as plain DDP: FSDP shards the weights,
+    gradients and optimizer states over its shard group (ZeRO stage 3's, `memo_sim.dp.fsdp`), and a ZeRO 0 plan
+    is FSDP only as FSDP2 over a shard group of one, which a framework with the ``replicate_fsdp`` mechanism runs
+    (torchtitan at b5bcd76c, models/llama3/parallelize.py: "with shard_degree=1 it is a no-op for the all-gather but
+    still installs the MixedPrecisionPolicy"; `Layout.replicate_fsdp`); there it is accepted (a review: under
+    --framework any the pair answered a ZeRO 0 DDP plan at 18 B/param)."""
+    if req.dp_mode != "fsdp" or req.zero != 0 or get_framework(req.framework).mechanism("replicate_fsdp"):
+        return
+    runs = [n for n in FRAMEWORKS if get_framework(n).mechanism("replicate_fsdp")]
+    raise MemoError(f"--zero 0 with --dp-mode fsdp: FSDP shards the model states (ZeRO stage 3), and {req.framework} "
+                    f"runs ZeRO 0 as DDP; use --zero 3, or --dp-mode zero for DDP"
+                    + (f", or --framework {runs[0]} for its ZeRO 0 as FSDP2 over a shard group of one "
+                       f"(replicate_fsdp)" if runs else ""))
+
+
+def _refuse_out_without_plan(show: Show) -> None:
+    """Refuse --out given beside --no-plan (a review: the folder was ignored without a word): with --no-plan the
+    what-if writes nothing into --out (`_write_plans`), only --sweep-alpha's alpha_sweep.png goes there. Given is
+    the command line's or the environment's (click's ParameterSource), not the default '.'."""
+    from click.core import ParameterSource  # noqa: PLC0415
+
+    src = click.get_current_context().get_parameter_source("out_dir")
+    if show.no_plan and not show.sweep_alpha and src in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+        raise MemoError(f"--out {show.out_dir}: --no-plan writes no plan.json, so nothing goes into --out; drop "
+                        f"--out, or drop --no-plan to write the plan there")
 
 
 def _write_plans(show: Show, plans: dict) -> tuple[dict, list[str]]:

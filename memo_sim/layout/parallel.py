@@ -866,7 +866,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
                       tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                       pp: int = 1, first: int | None = None, last: int | None = None,
                       experts: ExpertChoice = ExpertChoice(), dp_modes: tuple[str, ...] = ("zero",),
-                      chunks: tuple[int, ...] = (), ulysses_kv: str = "minimal",
+                      chunks: tuple[int, ...] = (), ulysses_kv: str = "minimal", replicate_fsdp: bool = True,
                       ) -> tuple[list[Layout], list[tuple[Layout, str]]]:
     """All layouts for ``gpus`` GPUs matching the fixed degrees; (valid, [(rejected, reason)]).
 
@@ -878,8 +878,9 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     degrees, dispatcher and balance (`ExpertChoice`; a dense model runs ep 1, etp 1). ``dp_modes``: the
     data-parallel flavours to try (`memo_sim.dp`); ZeRO stage 3 is tried as each (FSDP over the whole
     group and, where that group spans nodes, HSDP sharded inside a node; resharding after the forward
-    on and off), the other stages as ZeRO. ``chunks``: each model chunk's layers (`Layout.chunk_layers`;
-    the layouts then have len(chunks) / pp chunks per rank)."""
+    on and off), the other stages as ZeRO. ``replicate_fsdp``: whether, with ``dp_modes`` lacking ``zero``,
+    ZeRO 0 over data-parallel replicas is kept (`_dp_variants`). ``chunks``: each model chunk's layers
+    (`Layout.chunk_layers`; the layouts then have len(chunks) / pp chunks per rank)."""
     # the expert choice's, and the K/V repeat rule of the framework the layouts are for (which K/V head counts
     # a Ulysses degree can spread: `memo_sim.layout.kv_heads`)
     moe_kw = {"moe_dispatcher": experts.dispatcher, "moe_balance": experts.balance, "ulysses_kv": ulysses_kv}
@@ -917,7 +918,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
             for (e, et), ends in product(experts.options(model, t * c * u * d, t), ends_options):
                 base = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp, **ends,
                               ep=e, etp=et, **moe_kw)
-                for lay in _dp_variants(base, dp_modes, gpus_per_node):
+                for lay in _dp_variants(base, dp_modes, gpus_per_node, replicate_fsdp):
                     why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
                     (rejected.append((lay, why)) if why else valid.append(lay))
     if dp is not None and tp is not None and cp is not None and ulysses is not None and not valid and not rejected:
@@ -957,10 +958,19 @@ def default_reason(why: str, rejected: list[tuple[Layout, str]], pick, *, cp: in
     return f"{pick(at)}; with {' and '.join(searched)} (searched, not given): {why}"
 
 
-def _dp_variants(lay: Layout, dp_modes: tuple[str, ...], gpus_per_node: int) -> list[Layout]:
-    """``lay`` under each data-parallel flavour asked for (`enumerate_layouts`)."""
+def _dp_variants(lay: Layout, dp_modes: tuple[str, ...], gpus_per_node: int, replicate_fsdp: bool = True,
+                 ) -> list[Layout]:
+    """``lay`` under each data-parallel flavour asked for (`enumerate_layouts`). Without ``zero`` among
+    ``dp_modes`` (FSDP alone) a ZeRO 0 layout is kept where it has nothing to shard (``state_shards`` 1: no
+    data-parallel, CP or Ulysses group, one whole copy of the states, which every flavour prices alike) and, over
+    replicas, only with ``replicate_fsdp``: the framework runs that ZeRO 0 as FSDP2 over a shard group of one
+    (`Layout.replicate_fsdp`, torchtitan's ``fully_shard`` over ["dp_replicate", "fsdp"] at b5bcd76c); else it is
+    plain DDP, which FSDP alone does not search (a review: --dp-mode fsdp answered a ZeRO 0 DDP plan at 18 B/param
+    and listed tp1-dp8 and tp1-uly8 ZeRO 0 rows)."""
     if lay.zero != 3:
-        return [lay] if "zero" in dp_modes or lay.zero == 0 else []
+        if "zero" in dp_modes:
+            return [lay]
+        return [lay] if lay.zero == 0 and (replicate_fsdp or lay.state_shards == 1) else []
     if lay.pp > 1:  # ZeRO-3 does not run beside stages; FSDP does as torchtitan runs it (`memo_sim.dp.fsdp`)
         return [replace(lay, dp_mode="fsdp", reshard_after_forward=False)] if "fsdp" in dp_modes else [lay]
     out = [lay] if "zero" in dp_modes else []

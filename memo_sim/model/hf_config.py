@@ -26,9 +26,10 @@ checkpoint) is named there too: memo plans in ``torch_dtype``, FP8 GEMMs being a
 
 Sliding windows: Mistral's ``sliding_window`` on every layer, Qwen's ``use_sliding_window`` on the layers from
 ``max_window_layers`` on. A head dimension other than hidden / heads is read for qwen3, llama and mistral
-(Mistral-Small-3.x). A multimodal wrapper (Mistral-3, Llama-4, Gemma-3) is read by its ``text_config``, and a
-model_type of its own whose ``architectures`` is a family's class (Kimi-K2) as that family (`language_model`), each
-named in the model's notes.
+(Mistral-Small-3.x). A multimodal wrapper whose ``text_config`` is a family memo reads (Mistral-3's mistral,
+Llama-4's llama4_text) is read by its ``text_config``, and a model_type of its own whose ``architectures`` is a
+family's class (Kimi-K2) as that family (`language_model`), each named in the model's notes; a wrapper whose language
+model is not such a family (Gemma-3's ``gemma3_text``: not in `FAMILIES`) is refused naming ``text_config.model_type``.
 
 What memo cannot model is refused with one line naming the field: mixture-of-experts fields in a
 dense family, a non-null ``sliding_window`` in a family whose attention does not read it (all but Mistral, Mixtral,
@@ -164,8 +165,10 @@ MODEL_FILE_HINT = ("or write a memo model file: README 'Model files and profiles
 def language_model(raw: dict, source: str = "config.json") -> tuple[dict, str]:
     """The decoder configuration to read from ``raw`` and what reading it so leaves out ("" for ``raw`` itself):
 
-    - a multimodal wrapper (Mistral-3, Llama-4, Gemma-3: its own model_type, the language model under
-      ``text_config``) gives its ``text_config``, the vision tower and projector named as not modelled;
+    - a multimodal wrapper (Mistral-3, Llama-4: its own model_type, the language model under ``text_config``)
+      gives its ``text_config``, the vision tower and projector named as not modelled, where that language model is
+      a family of `FAMILIES`; one that is not (Gemma-3's ``gemma3_text``) is refused in one line naming
+      ``text_config.model_type``;
     - a model_type memo does not read whose ``architectures`` is a family's model class (Kimi-K2's
       DeepseekV3ForCausalLM) is read as that family, and said so.
 

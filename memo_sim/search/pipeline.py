@@ -315,6 +315,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                         last: int | None = None, experts: ExpertChoice = ExpertChoice(),
                         tp_modes: tuple[str, ...] = ("megatron",), metp_across_nodes: bool = False,
                         dp_modes: tuple[str, ...] = ("zero",), floor: Callable[[], float | None] | None = None,
+                        replicate_fsdp: bool = True,
                         chunks: tuple[int, ...] = (), why_not: Callable[[Layout], str | None] | None = None,
                         rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,),
                         schedule_why_not: Callable[[str, int, int], str | None] | None = None,
@@ -374,7 +375,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
                                        zero=zero, sp=sp, pp=p, first=first, last=last, experts=experts,
                                        tp_modes=tp_modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
-                                       chunks=chunks, ulysses_kv=kv_rule)
+                                       chunks=chunks, ulysses_kv=kv_rule, replicate_fsdp=replicate_fsdp)
         rejected += rej
         rejected += [(lay, why_not(lay) if why_not is not None else f"the framework does not offer {lay.label()}")
                      for lay in valid if not allows(lay)]

@@ -264,6 +264,12 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                             f"attention over the whole sequence, not {model.name}'s sliding-window or chunked layers "
                             f"at {seq} tokens; drop --cp or choose another --framework")
         cp = 1
+    if model.sliding_layers and not fw.ring_cp_sliding_window:  # TransformerEngine's CP: a window under a2a only
+        if (cp or 1) > 1:
+            raise MemoError(f"--cp {cp}: {fw.name}'s TransformerEngine CP runs {model.name}'s sliding window under a2a "
+                            f"or all_gather only, not its p2p ring; drop --cp (--ulysses runs a2a) or choose another "
+                            f"--framework")
+        cp = 1
     if model.moe and fw.experts is not None:  # what the framework's MoE training cannot run, named before the search
         ep_ok, etp_ok, dispatchers, balances = (fw.experts.expert_parallel, fw.experts.expert_tensor_parallel,
                                                 fw.experts.dispatchers, fw.experts.balances)
@@ -291,6 +297,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if dp_mode is not None and dp_mode != "all" and dp_mode not in fw.dp_modes:
         raise MemoError(f"--dp-mode {dp_mode}: {fw.name} runs {', '.join(fw.dp_modes)}; choose one of them or all")
     dp_modes = fw.dp_modes if dp_mode == "all" else (dp_mode,) if dp_mode else fw.dp_modes[:1]
+    # --dp-mode fsdp: ZeRO 0 over replicas only where the framework runs it as FSDP2 over a shard group of one
+    # (`memo_sim.layout.parallel._dp_variants`; a review: under any it answered a DDP plan)
+    zero0_fsdp = dp_mode != "fsdp" or bool(fw.mechanism("replicate_fsdp"))
     if rank_order is not None and rank_order != "all" and rank_order not in fw.rank_orders:
         raise MemoError(f"--rank-order {rank_order}: {fw.name} numbers ranks {', '.join(fw.rank_orders)}; choose one "
                         f"of them or all")
@@ -417,7 +426,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         valid, rej = enumerate_layouts(model, gpus, profile.node_gpus, seq, tp=tp, cp=cp, ulysses=ulysses,
                                        dp=dp, zero=zero, sp=sp, tp_modes=modes,
                                        metp_across_nodes=metp_across_nodes, experts=experts, dp_modes=dp_modes,
-                                       ulysses_kv=fw.mechanism("ulysses_kv"))
+                                       ulysses_kv=fw.mechanism("ulysses_kv"), replicate_fsdp=zero0_fsdp)
         rejected += rej + [(lay, fw.why_not(lay)) for lay in valid if not fw.allows(lay)]
         valid = [adapt(lay) for lay in valid if fw.allows(lay)]  # as the framework runs it
         if rejected:
@@ -456,6 +465,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             micro_batch=micro_batch, allows=fw.allows, why_not=fw.why_not, adapt=pipe_adapt, tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp,
             pp=pp, vpp=vpp, alpha=alpha, schedules=pipes, first=first_stage_layers, last=last_stage_layers,
             chunks=chunk_layers, experts=experts, tp_modes=modes, metp_across_nodes=metp_across_nodes, dp_modes=dp_modes,
+            replicate_fsdp=zero0_fsdp,
             rank_orders=rank_orders, schedule_why_not=fw.schedule_why_not, on_stage=on_stage,
             floor=(lambda: pipeline_floor(out)) if pipeline_floor is not None and not pipe_flags else None)
         if uneven_flags and not pc and not what.get("not_built"):  # the split asked for splits nothing searched

@@ -42,6 +42,13 @@ def sppo_candidates(model: ModelConfig, seq: int, gpus: int, profile: HardwarePr
         raise MemoError(f"--partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
     if subseqs is not None and subseqs < 1:
         raise MemoError(f"--subseqs must be at least 1, got {subseqs}")
+    if subseqs is not None and subseqs > seq // (tp or 1):
+        # a subsequence's length is a multiple of the stage's TP+SP degree (`memo_sim.policy.sppo.granule`; SPPO's
+        # stages always run SP), so N subsequences need N x tp tokens (`memo_sim.cost.sppo.partition_bounds`): past
+        # seq / tp every layout's points were dropped unpriced and the answer blamed the layout (a review)
+        tp_words = f" over --tp {tp} (each subsequence at least one token per rank)" if tp else ""
+        raise MemoError(f"--subseqs {subseqs}: {seq:,} tokens{tp_words} split into at most {seq // (tp or 1):,} "
+                        f"subsequences; give --subseqs {seq // (tp or 1):,} or fewer")
     search = search_sppo(model, seq, gpus, profile, batch=batch, tp=tp, pp=pp, dp=dp, zero=zero, subseqs=subseqs,
                          partitions=(partition,) if partition else PARTITIONS,
                          multiplex=(multiplex,) if multiplex is not None else (False, True), bounds=bounds)
