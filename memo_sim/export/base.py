@@ -410,15 +410,17 @@ def mtp_gap(plan: Plan, framework: str, why: str) -> list[Gap]:
                 f"not written ({why}): the script trains the model without it", PlanChange(mtp_layers=0))]
 
 
-def optimizer_offload_gap(plan: Plan, framework: str) -> list[Gap]:
-    """The optimizer on the host where the framework version does not offer it: on the GPU instead."""
+def optimizer_offload_gap(plan: Plan, framework: str, why: str = "") -> list[Gap]:
+    """The optimizer on the host where the framework version does not offer it: on the GPU instead, ``why`` (the
+    framework's nearest mechanism and how it differs) named beside it."""
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
     lay = plan.layout  # over one ZeRO rank the stages are one setting (`Framework.offloads_optimizer`)
     if not lay.optimizer_offload or get_framework(framework).offloads_optimizer(lay.zero,
                                                                                  lay.dp * lay.cp * lay.ulysses):
         return []
-    return [Gap("the optimizer's states and step on the host (optimizer offload)", "the optimizer on the GPU",
+    return [Gap("the optimizer's states and step on the host (optimizer offload)",
+                "the optimizer on the GPU" + (f" ({why})" if why else ""),
                 PlanChange(layout={"optimizer_offload": False}))]
 
 

@@ -27,6 +27,7 @@ from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance
                                   price_nearest, shape_arguments, torchrun_line)
 from memo_sim.layout.parallel import check_layout
 from memo_sim.plan.schema import Plan
+from memo_sim.frameworks import deepspeed_moe_why_not
 from memo_sim.search.frameworks import get_framework
 
 FRAMEWORK = "deepspeed"  # its version in memo_sim/frameworks/data (the plans exported instead)
@@ -53,7 +54,7 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap(f"Megatron tensor parallelism over {lay.tp} GPUs",
                        f"DeepSpeed-Ulysses over {u} GPUs (--ds-sequence-parallel-size; memo's {FRAMEWORK} data, the "
                        f"DeepSpeed-Ulysses setup `memo-sim whatif --framework {FRAMEWORK}` searches, has no TP)",
-                       PlanChange(layout={"tp": 1, "cp": 1, "ulysses": u})))
+                       PlanChange(layout={"tp": 1, "cp": 1, "ulysses": u, **_one_rank_settings(lay)})))
     out += _heads_gap(plan, out)  # the Ulysses degree those make, where the heads do not split over it
     out += metp_gap(plan) + async_tp_gap(plan, "Megatron-DeepSpeed's TP, its collectives on the critical path")
     # after the TP and CP gaps: Ulysses over their GPUs, the replica's sequences `_heads_gap`'s where it split them
@@ -73,6 +74,20 @@ def gaps(plan: Plan) -> list[Gap]:
                        "biases on every linear layer (no flag): edit the model or drop them by hand"))
     out += _gqa_ulysses_gap(plan, nearest_plan(plan, out)[0])
     return out + _moe_layout_gaps(plan) + _model_gaps(plan) + _attention_gap(plan) + not_modelled_gap(plan)
+
+
+def _one_rank_settings(lay) -> dict:
+    """The layout fields the TP -> Ulysses change (TP 1) resets, as the script written runs them: the TP flavour
+    (METP, async TP: TP's own, meaningless at TP 1; Megatron's, as `metp_gap` / `async_tp_gap` write it) and, with the
+    optimizer on the host, ZeRO stage 1 at least (`config` writes ``max(zero, 1)``: DeepSpeed's offload_optimizer is a
+    ZeRO optimizer's, deepspeed/runtime/engine.py at edaa7221, and the Ulysses ranks are data-parallel ones to ZeRO
+    where the TP ranks were not). A review: the export's check of the Ulysses layout refused with "metp needs a
+    tensor-parallel degree of at least 2" and "optimizer offload runs with the distributed optimizer", settings the
+    script does not write, while `whatif --framework deepspeed` found plans."""
+    out: dict = {"tp_mode": "megatron"} if lay.tp_mode != "megatron" else {}
+    if lay.optimizer_offload and lay.zero == 0:
+        out["zero"] = 1
+    return out
 
 
 def _gqa_ulysses_gap(plan: Plan, lay) -> list[Gap]:
@@ -235,25 +250,11 @@ def _model_gaps(plan: Plan) -> list[Gap]:
 
 
 def moe_why_not(m) -> list[str]:
-    """What of the model's MoE block DeepSpeed-MoE (deepspeed/moe/sharded_moe.py's TopKGate at edaa7221: softmax over
-    the experts, the top k, their weights renormalised; experts of Megatron-DeepSpeed's ParallelMLP, --ffn-hidden-size
-    wide, on every --expert-interval-th layer) cannot build, in words; empty where it builds it as the model has it."""
-    out = []
-    if m.router != "softmax" or m.router_groups or m.router_scaling != 1.0:
-        out.append(f"{m.router} router" + (" with groups" if m.router_groups else "")
-                   + (f" scaled by {m.router_scaling:g}" if m.router_scaling != 1.0 else "")
-                   + " (its gate is a softmax top-k, renormalised)")
-    elif not m.weights_normalised and m.top_k > 1:  # top2gating / topkgating divide by the chosen weights' sum
-        out.append(f"top-{m.top_k} router weights left as the softmax over all the experts gives them (norm_topk_prob "
-                   f"false; its gate renormalises them)")
-    if m.shared_experts:
-        out.append("shared experts (its --mlp-type residual is a dense MLP mixed in by a learned coefficient)")
-    if m.moe_bias:
-        out.append("biases on the experts and the gate")
-    if m.mixes_dense_layers and not (m.dense_period == 2 and m.ffn == m.expert_width):
-        out.append(f"dense layers {m.dense_where} of width {m.ffn} beside experts of width {m.expert_width} (its "
-                   f"--expert-interval N puts experts of the dense FFN's width on every N-th layer)")
-    return out
+    """What of the model's MoE block DeepSpeed-MoE cannot build, in words; empty where it builds it as the model has
+    it: the framework data's rule (`memo_sim.frameworks.deepspeed_moe_why_not`, the deepspeed file's
+    ``experts.moe_block``), one place for the what-if, `best_runnable` and this writer (a review: the what-if priced
+    MoE layouts the script then did not write)."""
+    return deepspeed_moe_why_not(m)
 
 
 def _moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:

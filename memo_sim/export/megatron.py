@@ -13,11 +13,14 @@ TransformerEngine's all-to-all CP (``--cp-comm-type a2a``, ``a2a+p2p`` beside a 
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
-from memo_sim.export.base import (Export, Gap, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap, metp_gap,
-                                  nearest_batch, nearest_plan, not_modelled_gap, optimizer_offload_gap, policy_gaps,
-                                  price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
+from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap,
+                                  metp_gap, nearest_batch, nearest_plan, not_modelled_gap, optimizer_offload_gap,
+                                  policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
+from memo_sim.errors import MemoError
 from memo_sim.layout.kv_heads import kv_heads_why_not
+from memo_sim.layout.parallel import check_layout
 from memo_sim.model.rope import YARN_PARAMS, llama3_rope_factor, yarn_params
 from memo_sim.layout.pipeline_layout import format_layout
 from memo_sim.layout.rank_order import MEGATRON_OPTION as RANK_ORDER_OPTION
@@ -57,7 +60,8 @@ def gaps(plan: Plan) -> list[Gap]:
     """Megatron-LM interleaves pipelines itself, so only Ulysses, METP, ZeRO 2 and the
     policies other than store-all and full recompute are gaps (and GPT-OSS's attention, which
     the script leaves to the user)."""
-    return (_ulysses_gaps(plan) + metp_gap(plan)
+    uly = _ulysses_gaps(plan)
+    return (uly + _window_cp_gaps(plan, uly) + metp_gap(plan)
             + async_tp_gap(plan, "Megatron TP with sequence parallelism, its collectives on the critical path "
                                  "(--tp-comm-overlap, TransformerEngine's userbuffer overlap, is not priced by memo)")
             + zero_gap(plan, (0, 1, 3), "--use-distributed-optimizer, or Megatron-FSDP for ZeRO 3")
@@ -75,6 +79,54 @@ def _ulysses_gaps(plan: Plan) -> list[Gap]:
     if lay.ulysses == 1 or kv_heads_why_not(lay.tp, lay.ulysses, m.n_kv_heads, "whole") is None:
         return []
     return ulysses_gap(plan)
+
+
+def _window_cp_gaps(plan: Plan, earlier: list[Gap]) -> list[Gap]:
+    """Ring CP beside a sliding window, which TransformerEngine refuses: attn_forward_func_with_cp
+    (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py) asserts ``not
+    sliding_window_attn or cp_comm_type in ["a2a", "all_gather"]`` ("The context parallel running configs cannot
+    support sliding window attetnion!"), and Megatron-LM's p2p default (megatron/core/extensions/transformer_engine.py
+    :2063 at d98e8a64) and a2a+p2p are neither (the framework data's ``ring_cp_sliding_window``). The nearest: the
+    whole CP group as the all-to-all (--cp-comm-type a2a) where its heads split over it (memo's Ulysses), else the
+    ring's ranks data-parallel replicas where the replica's sequences split over them (the global batch kept), else
+    the export is refused in one line (a review: --window-size written beside a p2p ring of 2). ``earlier``: the
+    Ulysses gaps (a Ulysses memo repeats K/V for, written as a ring)."""
+    lay = nearest_plan(plan, earlier)[0]
+    if not plan.model.sliding_layers or lay.cp == 1:
+        return []
+    what = (f"ring context parallelism over {lay.cp} GPUs" + (f" beside Ulysses over {lay.ulysses}" if lay.ulysses > 1
+                                                              else "")
+            + f" with a {plan.model.sliding_window}-token sliding window")
+    te = ("TransformerEngine's CP runs a sliding window under --cp-comm-type a2a or all_gather only, "
+          "Megatron's default p2p ring and a2a+p2p assert")
+    total, m = lay.cp * lay.ulysses, plan.model
+    a2a = replace(lay, cp=1, ulysses=total)
+    a2a_why = _why_not(plan, a2a, plan.batch)
+    change = PlanChange(layout={"cp": 1, "ulysses": total})
+    if a2a_why is None:
+        return [Gap(what, f"TransformerEngine's all-to-all CP over {total} GPUs (--cp-comm-type a2a): {te}", change)]
+    batch = plan.batch // lay.cp
+    replicas = replace(lay, cp=1, dp=lay.dp * lay.cp)
+    if plan.batch % lay.cp == 0 and batch % plan.micro_batch == 0 and _why_not(plan, replicas, batch) is None:
+        return [Gap(what, f"no ring: its {lay.cp} ranks data-parallel replicas (dp {replicas.dp}, {batch} "
+                          f"sequence{'s' if batch != 1 else ''} per replica: the global batch of "
+                          f"{plan.batch * lay.dp} kept), memo not running an all-to-all of {total} ({a2a_why}): {te}",
+                    PlanChange(layout={"cp": 1, "dp": replicas.dp}, batch=batch))]
+    if m.heads % (lay.tp * total) == 0 and kv_heads_why_not(lay.tp, total, m.n_kv_heads, "whole") is None:
+        # TransformerEngine runs it (the heads split whole over the all-to-all), memo does not price it
+        return [Gap(what, f"TransformerEngine's all-to-all CP over {total} GPUs (--cp-comm-type a2a), which memo "
+                          f"cannot price ({a2a_why}): {te}", change)]
+    raise MemoError(f"--to megatron: {what} cannot run ({te}); an all-to-all CP of {total} GPUs does not split the "
+                    f"model's heads, and the ring's ranks as replicas cannot run ({a2a_why}); export a plan without "
+                    f"ring CP (memo-sim whatif --framework megatron offers none for this model) or to another "
+                    f"framework")
+
+
+def _why_not(plan: Plan, lay, batch: int) -> str | None:
+    """Why memo does not run ``lay`` for the plan's model as Megatron-LM runs it (its mechanisms: `Framework.adapt`,
+    the K/V heads split whole over the all-to-all among them), else None."""
+    one = get_framework(FRAMEWORK).adapt(lay)
+    return check_layout(one, plan.model, one.gpus, max(one.gpus, 1), plan.seq_tokens, batch)
 
 
 def _window_pattern(m) -> list[tuple[str, str]]:

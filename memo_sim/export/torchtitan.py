@@ -54,7 +54,7 @@ REGISTRY = {"llama3_8b": ("llama3", "8B"), "llama3_70b": ("llama3", "70B"), "lla
             "qwen3_30b_a3b": ("qwen3", "30B-A3B"), "deepseek_v3_671b": ("deepseek_v3", "671B"),
             "deepseek_v3_16b": ("deepseek_v3", "16B"),
             "gpt_oss_20b": ("gpt_oss", "20b"), "gpt_oss_120b": ("gpt_oss", "120b"), "qwen3_14b": ("qwen3", "14B"),
-            "qwen3_32b": ("qwen3", "32B")}
+            "qwen3_32b": ("qwen3", "32B"), "qwen3_0_6b": ("qwen3", "0.6B"), "qwen3_1_7b": ("qwen3", "1.7B")}
 # the other shipped configurations (torchtitan/models/<module>/config_registry.py at SOURCE): (module, function, the
 # model_registry flavour the function's model_spec is set to where the model has no function of its own: Qwen3-8B,
 # whose flavour "8B" ships without a pretraining configuration, from qwen3_14b's) -- the MoE ones and Qwen3's.
@@ -67,9 +67,23 @@ SHIPPED = {"deepseek-v3": ("deepseek_v3", "deepseek_v3_671b", None),
            "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b", None),
            "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b", None), "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b", None),
            "qwen3-14b": ("qwen3", "qwen3_14b", None),
-           "qwen3-32b": ("qwen3", "qwen3_32b", None), "qwen3-8b": ("qwen3", "qwen3_14b", "8B")}
-HF_ASSETS = {"8B": "./assets/hf/Qwen3-8B", "235B-A22B": "./assets/hf/Qwen3-235B-A22B"}  # as torchtitan's qwen3
-# configurations name their hf_assets_path
+           "qwen3-32b": ("qwen3", "qwen3_32b", None), "qwen3-8b": ("qwen3", "qwen3_14b", "8B"),
+           # the small dense Qwen3 flavours (`QWEN3_DENSE`): 0.6B and 1.7B with configurations of their own
+           # (qwen3/config_registry.py at SOURCE, qwen3_0_6b line 186, qwen3_1_7b line 216), 4B without one (started
+           # from qwen3_1_7b, the nearest in size, its model_spec set to the flavour, as Qwen3-8B's from qwen3_14b)
+           "qwen3-0.6b": ("qwen3", "qwen3_0_6b", None), "qwen3-1.7b": ("qwen3", "qwen3_1_7b", None),
+           "qwen3-4b": ("qwen3", "qwen3_1_7b", "4B")}
+HF_ASSETS = {"8B": "./assets/hf/Qwen3-8B", "235B-A22B": "./assets/hf/Qwen3-235B-A22B",
+             "4B": "./assets/hf/Qwen3-4B"}  # as torchtitan's qwen3 configurations name their hf_assets_path
+# torchtitan's small dense Qwen3 flavours (torchtitan/models/qwen3/__init__.py at SOURCE: _0_6b line 253, _1_7b line
+# 291, _4b line 329; qwen3_configs line 598), which memo has no preset of: Qwen3-8B's model (`PRESETS`: SwiGLU,
+# RMSNorms of eps 1e-6, QK norms, head_dim 128, rotary base 1e6, no biases) with these shapes and tied embeddings
+# (enable_weight_tying=True), matched by shape in `_preset` (a Qwen3-0.6B config.json was refused as "not a
+# torchtitan model": a review)
+_QWEN3_DENSE_FIELDS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "tied_embeddings")
+QWEN3_DENSE = {"qwen3-0.6b": (28, 1024, 16, 8, 3072, 151936, True),
+               "qwen3-1.7b": (28, 2048, 16, 8, 6144, 151936, True),
+               "qwen3-4b": (36, 2560, 32, 8, 9728, 151936, True)}
 # torchtitan's Qwen3 MoE flavours (torchtitan/models/qwen3/__init__.py at SOURCE: _30b_a3b and _235b_a22b pass
 # n_layers, dim, n_heads, n_kv_heads, head_dim, moe_hidden_dim, num_experts and top_k to _build_qwen3_moe_layers and
 # vocab_size to Qwen3Model.Config; every layer a GQA attention with an RMSNorm over each query and key head, a
@@ -94,7 +108,7 @@ QWEN3_MOE_BASE = "qwen3_30b_a3b"  # the one Qwen3 MoE pretraining configuration 
 # sets each layer's attention.rope.max_context_length to the plan's sequence where it is longer (the table's length
 # only, not its frequencies: models/common/rope.py _precompute_cache)
 ROPE_MAX = {**{("llama3", f): 131072 for f in ("8B", "70B", "405B")},
-            **{("qwen3", f): 40960 for f in ("8B", "14B", "32B", "30B-A3B", "235B-A22B")},
+            **{("qwen3", f): 40960 for f in ("0.6B", "1.7B", "4B", "8B", "14B", "32B", "30B-A3B", "235B-A22B")},
             ("deepseek_v3", "671B"): 16384, ("deepseek_v3", "16B"): 16384,
             **{("gpt_oss", f): 131072 for f in ("20b", "120b")}}
 # the compile settings (enable, components, enable_async_tensor_parallel) of the shipped configurations that are not
@@ -122,6 +136,13 @@ CONVERTERS = {"mxfp8": ("mx", ("MXFP8LinearConverter",), ("MXFP8GroupedExpertsCo
               # nvfp4.py at SOURCE: NVFP4LinearConverter (line 268) swaps dense Linear.Configs only; it has no
               # grouped-experts converter, so a MoE's routed experts stay bf16 (`_nvfp4_moe_gap`)
               "nvfp4": ("nvfp4", ("NVFP4LinearConverter",), (), "NVFP4")}
+# why an optimizer-offload plan is written with the optimizer on the GPU: torchtitan's one host offload,
+# training.enable_cpu_offload (torchtitan/config/configs.py:70 at SOURCE), is FSDP2's CPUOffloadPolicy
+# (torchtitan/distributed/fsdp.py:232): the parameters and gradients on the host too, each unit's parameters copied to
+# the GPU for its all-gather, another mechanism than memo's optimizer offload (the framework data's not_modelled)
+_OFFLOAD_WHY = ("torchtitan's training.enable_cpu_offload is FSDP2's CPU offload of the parameters, gradients and "
+                "optimizer step together, each unit's parameters copied back for its all-gather: not the same "
+                "mechanism as memo's optimizer offload, which keeps the parameters and gradients on the GPU")
 SCHEDULES = {"1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
 _RUNS = {"store_all": "config.activation_checkpoint = None", "full_recompute": "config.activation_checkpoint = "
          "FullAC.Config()", "op_sac": "config.activation_checkpoint = SelectiveAC.Config()"}
@@ -139,11 +160,13 @@ def _preset(model) -> str:
     file name is DeepSeek-V3); its own name where it is none of torchtitan's."""
     from memo_sim.model.config import PRESETS  # noqa: PLC0415
 
-    if model.name in BASES or model.name in SHIPPED:
+    presets = {name: PRESETS[name] for name in (*BASES, *SHIPPED) if name in PRESETS}
+    presets.update({name: replace(PRESETS["qwen3-8b"], **dict(zip(_QWEN3_DENSE_FIELDS, fields)))
+                    for name, fields in QWEN3_DENSE.items()})
+    if model.name in presets and model.name not in QWEN3_DENSE:
         return model.name
     shape = {f: getattr(model, f) for f in model.__dataclass_fields__ if f not in _NOT_SHAPE}
-    for name in (*BASES, *SHIPPED):
-        p = PRESETS[name]
+    for name, p in presets.items():
         if shape == {f: getattr(p, f) for f in p.__dataclass_fields__ if f not in _NOT_SHAPE}:
             return name
     return model.name
@@ -333,7 +356,7 @@ def gaps(plan: Plan) -> list[Gap]:
     out += (borrow or _cp_shard_gap(plan)) + balance_gap(plan, FRAMEWORK) + rank_order_gap(plan, FRAMEWORK)
     out += policy_gaps(plan, _RUNS, notes={"memo": "torchtitan offloads no activations",
                                            "full_offload": "torchtitan offloads no activations"})
-    out += _format_gaps(plan) + optimizer_offload_gap(plan, "torchtitan") + not_modelled_gap(plan)
+    out += _format_gaps(plan) + optimizer_offload_gap(plan, "torchtitan", _OFFLOAD_WHY) + not_modelled_gap(plan)
     out += mtp_gap(plan, "torchtitan", "memo's torchtitan data and export do not offer it: torchtitan's DeepSeek-V3 "
                                        "MTP, model_registry num_mtp_layers, runs without PP and CP only")
     if plan.layout.pp > 1 and pipeline_split(plan) is None and module_fqns(plan) is None:

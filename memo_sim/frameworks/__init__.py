@@ -91,6 +91,12 @@ pipeline stages outermost, every framework's own; Megatron-LM adds data parallel
 expert layers' groups must cover the dense layers' (Megatron-Core asserts equal data-parallel sizes and pipeline
 groups: etp x ep = tp x cp, its Ulysses being CP; a dense model's ETP is TP, so cp 1).
 
+``layouts.ring_cp_sliding_window`` (default true): false where the framework's ring CP refuses a sliding-window
+model (Megatron-LM's TransformerEngine runs a window under a2a or all_gather CP only, its default p2p ring and
+a2a+p2p refused): such a model's layouts with ring CP are not offered (`Framework.for_layouts_of`). A file's
+``layouts.experts.moe_block`` (default ``any``): the MoE block the framework builds (`MOE_BLOCKS`; ``deepspeed_moe``,
+DeepSpeed-MoE's gate and experts), a model of another is refused in one line (`Framework.for_model`).
+
 A file's ``layouts.uneven_stages`` lets the first and last pipeline stages have their own layer
 counts, and ``layouts.embedding_loss_slots`` (default: as ``uneven_stages``) lets the embedding and
 the loss each take a layer's slot in the split (Megatron-LM's --account-for-*-in-pipeline-split).
@@ -142,6 +148,35 @@ MECHANISMS = {"attention": "attention", "block_attention": "block_attention", "g
               "replicate_fsdp": "replicate_fsdp"}
 
 
+def deepspeed_moe_why_not(m: ModelConfig) -> list[str]:
+    """What of the model's MoE block DeepSpeed-MoE (deepspeed/moe/sharded_moe.py's TopKGate at edaa7221: softmax over
+    the experts, the top k, their weights renormalised; experts of Megatron-DeepSpeed's ParallelMLP, --ffn-hidden-size
+    wide, on every --expert-interval-th layer) cannot build, in words; empty where it builds it as the model has it.
+    The deepspeed file's ``experts.moe_block`` (`MOE_BLOCKS`): its what-if refuses such a model (`Framework.for_model`),
+    as `memo_sim.export.deepspeed` cannot write it (moved here from there, which imports it: the framework data sits
+    below the exports)."""
+    out = []
+    if m.router != "softmax" or m.router_groups or m.router_scaling != 1.0:
+        out.append(f"{m.router} router" + (" with groups" if m.router_groups else "")
+                   + (f" scaled by {m.router_scaling:g}" if m.router_scaling != 1.0 else "")
+                   + " (its gate is a softmax top-k, renormalised)")
+    elif not m.weights_normalised and m.top_k > 1:  # top2gating / topkgating divide by the chosen weights' sum
+        out.append(f"top-{m.top_k} router weights left as the softmax over all the experts gives them (norm_topk_prob "
+                   f"false; its gate renormalises them)")
+    if m.shared_experts:
+        out.append("shared experts (its --mlp-type residual is a dense MLP mixed in by a learned coefficient)")
+    if m.moe_bias:
+        out.append("biases on the experts and the gate")
+    if m.mixes_dense_layers and not (m.dense_period == 2 and m.ffn == m.expert_width):
+        out.append(f"dense layers {m.dense_where} of width {m.ffn} beside experts of width {m.expert_width} (its "
+                   f"--expert-interval N puts experts of the dense FFN's width on every N-th layer)")
+    return out
+
+
+# the MoE blocks a framework builds (``layouts.experts.moe_block``): name -> what of a model it cannot build
+MOE_BLOCKS = {"any": lambda m: [], "deepspeed_moe": deepspeed_moe_why_not}
+
+
 class _ExpertsIn(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     expert_parallel: bool = Field(strict=True)
@@ -155,6 +190,8 @@ class _ExpertsIn(BaseModel):
     zero: tuple[Literal[0, 1, 2, 3], ...] | None = None
     # the SP settings its MoE layers run beside TP (None: the dense ones, ``layouts.sequence_parallel``)
     sequence_parallel: tuple[bool, ...] | None = Field(None, min_length=1)
+    # the MoE block it builds (`MOE_BLOCKS`): a model it cannot build is refused (`Framework.for_model`)
+    moe_block: Literal[tuple(MOE_BLOCKS)] = "any"
 
 
 class ExpertsOffer(NamedTuple):
@@ -167,6 +204,7 @@ class ExpertsOffer(NamedTuple):
     balances: tuple[str, ...]  # `memo_sim.layout.moe_balance` kinds
     zero: tuple[int, ...] | None = None  # the ZeRO stages its MoE layers run beside (None: all it offers)
     sequence_parallel: tuple[bool, ...] | None = None  # the SP settings beside TP (None: the dense layouts')
+    moe_block: str = "any"  # the MoE block it builds (`MOE_BLOCKS`)
 
     @property
     def zero_words(self) -> str:
@@ -204,6 +242,8 @@ class _LayoutsIn(BaseModel):
     rank_orders: tuple[Literal[RANK_ORDER_NAMES], ...] = Field((DEFAULT_RANK_ORDER,), min_length=1)
     # in an order other than its first, with stages: the expert groups cover the dense ones (module docs)
     mapping_equal_groups: bool = Field(False, strict=True)
+    # ring CP (the ring alone, or beside Ulysses) for a model with sliding-window layers (module docs)
+    ring_cp_sliding_window: bool = Field(True, strict=True)
 
 
 class _MechanismsIn(BaseModel):
@@ -304,6 +344,8 @@ class Framework:
     rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)  # the orders it numbers ranks in (`layout.rank_order`)
     mapping_equal_groups: bool = False  # another order needs etp x ep = tp x cp (`_LayoutsIn`)
     trains_moe: bool = False  # the layouts asked of it are a mixture of experts' (`for_layouts_of`)
+    ring_cp_sliding_window: bool = True  # it runs ring CP for a sliding-window model (`_LayoutsIn`)
+    trains_windowed: bool = False  # the layouts asked of it are a sliding-window model's (`for_layouts_of`)
     # its file as validated, every field with its default filled in (`file_fields`; not compared)
     parsed: "_FrameworkIn | None" = field(default=None, compare=False, repr=False)
 
@@ -319,8 +361,12 @@ class Framework:
 
     def for_layouts_of(self, model: ModelConfig) -> "Framework":
         """This framework as it lays out ``model``: a mixture of experts' layouts keep to what its MoE layers run
-        beside (``experts.zero``)."""
-        return replace(self, trains_moe=True) if model.moe and not self.trains_moe else self
+        beside (``experts.zero``), a sliding-window model's to the context parallelism it runs beside a window
+        (``layouts.ring_cp_sliding_window``)."""
+        want = {"trains_moe": self.trains_moe or bool(model.moe),
+                "trains_windowed": self.trains_windowed or bool(model.sliding_layers)}
+        return replace(self, **want) if want != {"trains_moe": self.trains_moe,
+                                                 "trains_windowed": self.trains_windowed} else self
 
     def for_model(self, model: ModelConfig) -> ModelConfig:
         """``model`` as this framework trains it: its recipe for the model's dtype where the model
@@ -330,6 +376,10 @@ class Framework:
         if model.moe and self.experts is None:
             raise MemoError(f"model {model.name} is a mixture of experts: {self.name} does not train them in memo's "
                             f"framework data; choose another --framework (megatron, torchtitan, deepspeed, any)")
+        if model.moe and (why := MOE_BLOCKS[self.experts.moe_block](model)):
+            raise MemoError(f"model {model.name}: {self.name}'s MoE layers ({self.experts.moe_block}) cannot build its "
+                            f"{'; '.join(why)}, so its script would train another model; choose another --framework "
+                            f"(megatron, torchtitan, any)")
         if model.gemm_format not in self.gemm_formats:
             raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
@@ -372,6 +422,9 @@ class Framework:
             what = "TP with" + ("" if lay.sp else "out") + " sequence parallelism beside MoE layers"
         elif lay.cp > 1 and not self.context_parallel:
             what = "ring context parallelism"
+        elif lay.cp > 1 and self.trains_windowed and not self.ring_cp_sliding_window:
+            what = ("ring context parallelism beside a sliding window: TransformerEngine's CP runs a window under its "
+                    "a2a or all_gather communication only" + (", Ulysses (a2a) alone does" if self.ulysses else ""))
         elif lay.ulysses > 1 and not self.ulysses:
             what = "Ulysses"
         elif lay.zero not in self.zero:
@@ -525,7 +578,7 @@ def _read(path: Path) -> Framework:
                      shards_over_cp=lay.shards_over_cp,
                      qk_norm_outputs_kept=f.qk_norm_outputs_kept,
                      multi_token_prediction=lay.multi_token_prediction, rank_orders=lay.rank_orders,
-                     mapping_equal_groups=lay.mapping_equal_groups,
+                     mapping_equal_groups=lay.mapping_equal_groups, ring_cp_sliding_window=lay.ring_cp_sliding_window,
                      experts=None if lay.experts is None else ExpertsOffer(**lay.experts.model_dump()), parsed=f)
 
 
