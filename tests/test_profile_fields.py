@@ -39,7 +39,7 @@ def _refused(path) -> str:
 
 
 @pytest.mark.parametrize("old,new,needles", [
-    ("memory: {value: 80, unit: GiB,", "memory: {value: 80, unit: TB,",
+    ("memory: {value: 85017493504, unit: B,", "memory: {value: 80, unit: TB,",
      ["gpu.memory: 80 TB is not plausible for a GPU", "did you mean 80 GB?"]),
     ("hbm_bandwidth: {value: 3350, unit: GB/s,", "hbm_bandwidth: {value: 3.35, unit: GB/s,",
      ["gpu.hbm_bandwidth: 3.35 GB/s is not plausible", "did you mean 3.35 TB/s?"]),

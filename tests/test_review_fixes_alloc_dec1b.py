@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from memo_sim.api import get_model, load_profile
-from memo_sim.cli import cli
 from memo_sim.errors import MemoError
 from memo_sim.layout.alloc_conf import parse_alloc_conf
 from memo_sim.layout.parallel import Layout
@@ -22,21 +20,14 @@ from memo_sim.engine.simulate import simulate
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy
 from memo_sim.report.memory_snapshot import predicted_snapshot
+from tests.cli_run import one_line, run_sim
 
 A800 = load_profile("a800-80gb")
 TOY = ModelConfig("toy", 4, 256, 8, 1024, vocab=1024)
 TOY_FLAGS = ["--layers", "4", "--hidden", "256", "--heads", "8", "--ffn", "1024", "--vocab", "1024"]
 
 
-def _run(args, code=0):
-    r = CliRunner().invoke(cli, [str(a) for a in args])
-    assert r.exit_code == code, r.output
-    return r
-
-
-def _one_line(r) -> str:
-    assert r.exit_code == 2 and r.output.count("\n") == 1 and "Traceback" not in r.output, r.output
-    return r.output
+_run, _one_line = run_sim, one_line  # tests/cli_run.py
 
 
 # ---- 1: the classifier of a memory-planned run sits in the arena --------------------------------------------------

@@ -9,29 +9,20 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
 
 from memo_sim.api import get_model
-from memo_sim.cli import cli
 from memo_sim.cli.whatif import _refuse_zero0_fsdp, _warn_long_sppo_simulation
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import enumerate_layouts
 from memo_sim.model import hf_config
 from memo_sim.search.request import split_words
 from memo_sim.search.sppo import MAX_SUBSEQS
+from tests.cli_run import one_line, run_sim
 
 TOY_FLAGS = ["--layers", "2", "--hidden", "256", "--heads", "8", "--ffn", "1024", "--vocab", "1024"]
 
 
-def _run(args, code=0):
-    r = CliRunner().invoke(cli, [str(a) for a in args])
-    assert r.exit_code == code, r.output
-    return r
-
-
-def _one_line(r) -> str:
-    assert r.exit_code == 2 and r.output.count("\n") == 1 and "Traceback" not in r.output, r.output
-    return r.output
+_run, _one_line = run_sim, one_line  # tests/cli_run.py
 
 
 def _cand(tgs: float, pp: int, label: str = "tp2+sp-pp4"):
