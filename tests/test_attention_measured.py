@@ -83,6 +83,7 @@ def test_a_profile_file_carries_the_rows_and_refuses_a_bad_one_in_one_line(tmp_p
     assert "attention_times" in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # one of the default selection's slowest, moved to balance .ci/run's two halves
 def test_calibrate_keeps_the_extra_shapes_out_of_the_fits_and_in_the_rows():
     torch = pytest.importorskip("torch")
     from memo_exec.calibrate.microbench import Bench, Progress

@@ -661,6 +661,7 @@ def test_torchtitan_module_carries_expert_parallelism(plan):
         assert any("expert tensor parallelism" in g.what for g in ex.gaps)
 
 
+@pytest.mark.slow  # one of the default selection's slowest, moved to balance .ci/run's two halves
 def test_the_framework_best_keeps_the_plans_router_balance_and_says_its_gemm_format(tmp_path):
     """The plan exported instead of memo's is searched with memo's plan's routed-token balance where the framework
     runs it (a property of the job's router: with an even router it claimed 2.3% more throughput than a
@@ -852,6 +853,7 @@ def test_torchtitans_fsdp_is_a_gap_in_megatron_and_deepspeed(lay):
                            price=False).gaps  # memo's own ZeRO 3 is Megatron-FSDP
 
 
+@pytest.mark.slow  # one of the default selection's slowest, moved to balance .ci/run's two halves
 def test_export_says_when_it_searches_the_frameworks_best_plan(tmp_path, monkeypatch):
     """A trillion-parameter plan's export to Megatron-LM ran 1 min 52 s printing nothing (a user's review): the
     search of the framework's best plan is announced on stderr (not with --no-progress), and --jobs reaches it."""

@@ -297,6 +297,7 @@ def _without_walls(obj):
     return obj
 
 
+@pytest.mark.slow  # one of the default selection's slowest, moved to balance .ci/run's two halves
 def test_maxseq_jobs_answers_the_policies_in_processes_as_the_serial_run_does():
     from memo_sim.search.maxseq import max_seq_runs
 
