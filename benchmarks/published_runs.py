@@ -1335,6 +1335,9 @@ HISTORY = (
      "attention lse rather than every layer's",
      {"xtuner-llama2-7b-1m-sp16": -0.134, "xtuner-llama2-70b-256k-sp16": -0.256, "xtuner-llama2-70b-1m-sp64": -0.254,
       "korthikanti-22B-selective": -0.035}),
+    ("40f0614", "2026-12-01", "before the 80 GB profiles held the device memory PyTorch reports (80 GiB: 0.67-0.82 "
+     "GiB more than an A100's, A800's or H100's) and before a static memory plan's replay decided its fit",
+     {"korthikanti-22B-full": 0.019, "korthikanti-22B-selective": -0.032}),
 )
 
 
@@ -1558,6 +1561,13 @@ STEPS = (
      "moved three FPDT maxima up a grid step or so (362K to 384K, 492K to 506K, 606K to 624K; their errors on the "
      "source's grid unchanged): dense 39 predicted at 11.9% / 30.9%, long-context 20 at 15.9% / 30.9%, the FP8 rows "
      "12 at 16.0% / 29.0%, the MoE group 18 at 18.5% / 47.1%"),
+    ("device memory as PyTorch reports it", "the 80 GB profiles hold what PyTorch reports (A100 79.25 GiB, A800 "
+     "79.33 GiB, H100 79.18 GiB, measured; 80 GiB before), and a MEMO plan's caching-allocator replay beside its arena "
+     "decides its fit: Korthikanti's 22B rows on A100s move by 0.3-0.4 points (full +1.9% to +1.6%, selective -3.2% "
+     "to -3.6%: the caching allocator's replay reorganises differently on the smaller device), the FPDT maxima fall a few K (384K to 376K, 506K to "
+     "498K, 624K to 618K; their errors on the source's grid unchanged), torchtitan's Table 5/6 rows no longer fit "
+     "the 80 GB H100 beside their 96 GB part; every other row unchanged: dense 39 predicted at 11.9% / 30.9%, "
+     "long-context 20 at 15.9% / 30.9%, the FP8 rows 12 at 16.0% / 29.0%, the MoE group 18 at 18.5% / 47.1%"),
 )
 
 
