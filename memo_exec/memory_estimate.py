@@ -73,6 +73,15 @@ SIM_TERMS = {
     "peak_total": "peak_gpu_bytes",
 }
 STATIC_TERMS = ("model_states", "skeletal_resident", "buffers", "lse", "norm_stats")
+PEAK_TERMS = ("transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak")
+
+
+def peak_total(static: float, terms: dict) -> int:
+    """The peak of an estimate (the module docs' ``peak_total``, the simulator's formula plus the optimizer step):
+    the ``static`` terms' sum and the largest of a layer's transients with the boundary, the classifier and the
+    optimizer step (``terms``' `PEAK_TERMS`); the one-device and the distributed estimates both take it."""
+    return int(static + max(terms["transient_peak"] + terms["layer_boundary"], terms["classifier_peak"],
+                            terms["optimizer_step_peak"]))
 
 
 @dataclass
@@ -181,8 +190,7 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
     terms["optimizer_step_peak"] = arena + (0 if optimizer_on_host else AdamW.step_temporary_bytes(
         largest_param_numel, dtype, grad_dtype))
     static = sum(terms[k] for k in STATIC_TERMS)
-    terms["peak_total"] = int(static + max(terms["transient_peak"] + terms["layer_boundary"],
-                                           terms["classifier_peak"], terms["optimizer_step_peak"]))
+    terms["peak_total"] = peak_total(static, terms)
     detail = {"arena": arena, "outside_arena_fwd": outside["fwd"], "outside_arena_bwd": outside["bwd"],
               "attention_kernel_fwd": kernel["fwd"], "attention_kernel_bwd": kernel["bwd"]}
     host = policy.host_bytes() + (HostAdamW.host_bytes_for(P, dtype) if optimizer_on_host else 0)

@@ -47,7 +47,7 @@ from memo_exec.distributed.tp import flavour_for
 from memo_exec.distributed.zero import GradSync
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerWeights
-from memo_exec.memory_estimate import MemoryEstimate
+from memo_exec.memory_estimate import PEAK_TERMS, MemoryEstimate, peak_total
 from memo_exec.model import GPT, ChainedHooks, LayerHooks, vocab_rows
 from memo_exec.mtp import MTPRun, TPSplit, modules_recomputed, whole_projections
 from memo_exec.optim import AdamW
@@ -336,11 +336,8 @@ class DistExecutor(ExecutorBase):
             terms["transient_peak"] = max(terms["transient_peak"], self.arena_plan.arena_bytes)
             if "transient_peak" in unknown:
                 unknown.remove("transient_peak")
-        # the simulator's formula (`memo_exec.memory_estimate`): the static terms and the largest of the transient peaks
-        static = sum(v for k, v in terms.items() if k not in ("transient_peak", "layer_boundary", "classifier_peak",
-                                                              "optimizer_step_peak"))
-        terms["peak_total"] = static + max(terms["transient_peak"] + terms["layer_boundary"],
-                                           terms["classifier_peak"], terms["optimizer_step_peak"])
+        # the one-device estimate's formula (`memo_exec.memory_estimate.peak_total`): every other term is static here
+        terms["peak_total"] = peak_total(sum(v for k, v in terms.items() if k not in PEAK_TERMS), terms)
         slot_host = [p.host_bytes() for p in pols[:len(sizes)]]  # one slot's host slots, shared as its blocks
         # an offloading policy on a pipeline rank: each slot's host slots for the units the rank's order offloads
         # there (`PipelineSchedule.host_layers`), as `build_runtimes` sizes them (a review: every layer of every slot)
