@@ -22,7 +22,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.iteration_stream import FREE, FREE_STREAM, MALLOC, ROLES, IterationStream, Request
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard, placed_only
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import DTYPE_BYTES, IN_ROUNDING_BUFFER, UNPLACED, forward_ops, layer_tensors
+from memo_sim.model.layer_graph import DTYPE_BYTES, UNPLACED, forward_ops, layer_tensors
 from memo_sim.policy.base import Policy, uses_memory_plan
 from memo_sim.request_trace import RequestTrace
 from memo_sim.tp import comm_buffer_prefixes
@@ -161,11 +161,13 @@ class _LayerTemplates:
 
 def _allocated(name: str, phase: str, planned: bool) -> bool:
     """Whether a level-1 transient goes through the caching allocator: all of them, except under a
-    static memory plan the ones the plan places in its arena and the ones written into the
-    rounding buffers (`memo_sim.model.layer_graph.UNPLACED`)."""
+    static memory plan the ones the plan places in its arena: only the plan's unplaced ones go
+    through it (`memo_sim.model.layer_graph.UNPLACED`). No level-1 transient lives in the rounding
+    buffers: the recompute writes its rows into their slots, and its gathers (``RECOMPUTE_GATHERS``)
+    are layer scratch placed with the forward's transients (memo_exec/layer.py ``LayerCompute._fwd_ops``)."""
     if not planned:
         return True
-    return name in UNPLACED.get(phase, {}) and name not in IN_ROUNDING_BUFFER
+    return name in UNPLACED.get(phase, {})
 
 
 ARENA_ID = "static.memory_plan_arena"  # the static memory plan's arena among a stream's static requests

@@ -391,9 +391,6 @@ RECOMPUTED_IF_KEPT = frozenset({"shared_fc2"})
 # parallelism the gather is the identity (``MegatronComm.gather`` returns the slot's rows): no tensor, and the
 # backward trace leaves it out (`memo_sim.memplan.trace_gen`).
 RECOMPUTE_GATHERS = ("recompute_ln1_gathered", "recompute_ln2_gathered")
-# Level-1 transients that live in a static buffer (the policy's rounding buffers), not in the arena nor the caching
-# allocator: none (the recompute's gathers above are scratch); kept for `memo_sim.memplan.iteration_requests`.
-IN_ROUNDING_BUFFER: tuple[str, ...] = ()
 # Transient tensors of a layer's level-1 traces that the runtime does not place in the static
 # arena, with the reason (the plan records them as `unplaced`; the executor accepts these names).
 UNPLACED = {

@@ -369,16 +369,25 @@ def _allocator_levels(ax, alloc: dict) -> None:
     """Where the caching allocator runs the plan: its replay's peak reserved memory and its peak
     allocated memory (`memo_sim.memplan.iteration_replay`), as two levels beside the simulated
     curve; the fragmentation is the share of the memory reserved when the allocation peaked that
-    is not allocated (the two peaks fall at different moments where the allocator retried)."""
+    is not allocated (the two peaks fall at different moments where the allocator retried).
+
+    A static memory plan's levels are its replay's too (`memo_sim.memplan.iteration_replay.engine_replay`: the
+    plan's arena one request, reserved and allocated whole, memo_exec/arena.py; the tensors outside it through the
+    caching allocator; summary.json's ``allocator`` block with ``static_memory_plan`` true): the legend says the
+    reserved level holds the arena and the unallocated share lies outside it. Nothing is drawn where no replay ran
+    (a micro-batch pipeline's or SPPO's run, ``"replayed": False``: no reserved level)."""
     reserved, frag = alloc.get("peak_reserved_bytes"), alloc.get("fragmentation_at_peak")
     allocated = alloc.get("peak_allocated_bytes")
-    if alloc.get("static_memory_plan", True) or not reserved or frag is None or not allocated:
+    if alloc.get("replayed") is False or not reserved or frag is None or not allocated:
         return
     retries = alloc.get("reorganizations", 0)
+    planned = bool(alloc.get("static_memory_plan"))
     ax.axhline(reserved / GiB, color="#333333", ls=":", lw=1.2,
-               label=f"caching allocator: peak reserved ({retries} retries/iteration)")
+               label=(f"memory plan's arena + caching allocator beside it: peak reserved ({retries} retries/iteration)"
+                      if planned else f"caching allocator: peak reserved ({retries} retries/iteration)"))
     ax.axhline(allocated / GiB, color="#8172B2", ls="-.", lw=1.0,
-               label=f"peak allocated ({100 * frag:.1f}% of the memory then reserved unallocated)")
+               label=f"peak allocated ({100 * frag:.1f}% of the memory then reserved unallocated"
+                     f"{', all outside the arena' if planned else ''})")
     ax.legend(fontsize=8, loc="best")
 
 

@@ -21,12 +21,24 @@ def run_json(r) -> dict:
 
 
 def _stalls(r) -> str:
-    a = r.allocator
-    if a.get("static_memory_plan"):
-        return "-"
+    """A run's caching-allocator stalls: the replay's reorganisations and the compute time they cost
+    (`memo_sim.engine.result.allocator_summary`), a static memory plan's too: its replay holds the plan's arena as
+    one request and replays the rest on the caching allocator (`memo_sim.memplan.iteration_replay.engine_replay`),
+    whose stalls the engine charges as any plan's (`runs_answer` says so under the table). ``not replayed``: a
+    micro-batch pipeline's or SPPO's run (``"replayed": False``); ``-``: a memory plan's block without the replay's
+    counts (``allocator_summary``'s stub where no replay is given)."""
+    a = r.allocator or {}
     if a.get("replayed") is False:
         return "not replayed"
+    if a.get("static_memory_plan") and "cuda_mallocs" not in a:
+        return "-"
     return f"{a['reorganizations']} reorg., {fmt_time(a['stall_s'])}"
+
+
+def _plan_replayed(r) -> bool:
+    """Whether ``r``'s allocator-stalls cell is a static memory plan's replay (`_stalls`)."""
+    a = getattr(r, "allocator", None) or {}
+    return bool(r.ok and a.get("static_memory_plan") and _stalls(r) not in ("-", "not replayed"))
 
 
 def allocator_words(r) -> str:
@@ -51,6 +63,9 @@ def runs_answer(verdict: str, key_head: list[str], keyed_runs: list[tuple[list[s
     """A table of runs keyed by ``key_head`` cells, and a note per run that failed (simulated)."""
     a = Answer(verdict)
     a.table(key_head + RUN_HEAD, [keys + run_cells(r) for keys, r in keyed_runs])
+    if any(_plan_replayed(r) for _keys, r in keyed_runs):
+        a.line("  allocator stalls of a memory plan: the caching allocator's, replayed for the tensors outside the "
+               "plan's arena (the arena, one allocation held whole, does not fragment)")
     for keys, r in keyed_runs:
         if not r.ok:
             a.line(f"  {' '.join(k.strip() for k in keys)}: {r.failure.message()} (simulated, {allocator_words(r)})")

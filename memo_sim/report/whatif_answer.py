@@ -385,6 +385,7 @@ def whatif_answer(v: WhatIfView) -> Answer:
                         "bound tier 2 skips a plan by is a separate figure); peak GPU by the tier and allocator "
                         "named; frag/retries: the caching allocator's reserved-but-unallocated share at the peak "
                         "(an OOM-frag row's at its failure) and its retries per iteration"
+                      + plan_frag_words(c for _i, c in rows[:budget])
                       + ("; sim/allocated: the simulated allocated peak, not replayed through the caching allocator "
                          "(no reserved cache counted)" if any(candidate_peak(c).not_replayed
                                                               for _i, c in rows[:budget]) else "")
@@ -633,9 +634,14 @@ def tier_table(rows, simulated: bool) -> tuple[list[str], list[list[str]]]:
 def allocator_cell(sm: dict | None) -> str:
     """The caching allocator at the simulated peak: the share of reserved memory not allocated
     (fragmentation) and the allocation retries (cache flushes, ``num_alloc_retries``) per
-    iteration; ``-`` where a static memory plan places the tensors or nothing was replayed."""
+    iteration; ``-`` where nothing was replayed (a micro-batch pipeline's or SPPO's run, ``"replayed": False``, has
+    no replay counts: `memo_sim.engine.schedules.microbatch` / ``sppo``). A static memory plan's row shows its
+    replay's too: `memo_sim.memplan.iteration_replay.engine_replay` replays a single-stage memory plan's iteration
+    with the plan's arena as one request and the rest on the caching allocator (summary.json's ``allocator`` block,
+    ``static_memory_plan`` true, `memo_sim.engine.result.allocator_summary`); the arena is reserved and allocated
+    whole, so the unallocated share is all outside it (the table's title says so)."""
     a = (sm or {}).get("allocator") or {}
-    if a.get("static_memory_plan", True) or a.get("fragmentation_at_peak") is None:
+    if a.get("replayed") is False or a.get("fragmentation_at_peak") is None:
         return "-"
     retries = a.get("reorganizations", 0)
     if a.get("oom"):  # an OOM-frag row: the share when the replay failed, not at an allocation peak before it (a
@@ -649,6 +655,22 @@ def allocator_cell(sm: dict | None) -> str:
     return f"{100 * a['fragmentation_at_peak']:.1f}% / {retries}"
 
 
+def _plan_replayed(c) -> bool:
+    """Whether ``c``'s frag/retries cell is a static memory plan's replay (`allocator_cell`)."""
+    sm = c.simulated
+    return bool(sm and (sm.get("allocator") or {}).get("static_memory_plan") and allocator_cell(sm) != "-")
+
+
+def plan_frag_words(candidates) -> str:
+    """The ranked table title's words for the memory plans' frag/retries cells, where one is shown: what their
+    replay covers (`memo_sim.memplan.iteration_replay.engine_replay`: the arena one request, reserved and allocated
+    whole, memo_exec/arena.py; everything else through the caching allocator)."""
+    if not any(_plan_replayed(c) for c in candidates):
+        return ""
+    return ("; a memory plan's frag/retries: the replay of the tensors outside its arena (the arena, one allocation "
+            "held whole, does not fragment; the share is of all the memory reserved, the arena's included)")
+
+
 def _tier_tables(a: Answer, rows, budget: int) -> None:
     """--details: each tier's table, each with its first ``budget`` (--top) rows (a review: the analytic table got
     what the simulated one left of one shared budget, so 54 simulated rows over --top 15 hid it)."""
@@ -657,7 +679,8 @@ def _tier_tables(a: Answer, rows, budget: int) -> None:
     if sim_rows:
         a.table(*tier_table(sim_rows[:budget], simulated=True),
                 title=f"Simulated (tier 2: the event simulator, with link contention and copy stalls), "
-                      f"{plural(len(sim_rows), 'candidate')}{f', first {budget}' if budget < len(sim_rows) else ''}:")
+                      f"{plural(len(sim_rows), 'candidate')}{f', first {budget}' if budget < len(sim_rows) else ''}"
+                      f"{plan_frag_words(c for _i, c in sim_rows[:budget])}:")
     if ana_rows and budget:
         a.table(*tier_table(ana_rows[:budget], simulated=False),
                 title=f"Analytic only (tier 1: perfect overlap, no contention; not simulated: an estimate, not a "
