@@ -1,8 +1,16 @@
 """The K/V cache of one pipeline stage and the autograd function that attends through it.
 
 SPPO's first level of activation management (papers/sppo.txt sec. 5.1): the K and V of every
-subsequence (piece) stay on the device from its forward until its own backward, because every
-later piece attends to them in forward and adds to their gradients in backward.
+subsequence (piece) but the stage's last stay on the device from its forward until its own backward,
+because every later piece attends to them in forward and adds to their gradients in backward ("K_i and
+V_i need to participate in the following Q_N computation, where i < N"). The stage's last piece's K/V
+is read by its own attention only (forward and backward): it is an ordinary activation of that piece,
+saved through autograd (``ctx.save_for_backward``) so that the piece's offload unit
+(`memo_exec.sppo.offload`) moves alpha_i of its rows to host with the piece's other activations and
+prefetches them for its backward, as the simulator prices it (`memo_sim.policy.sppo`: ``cached_kv`` is
+``k < n_k - 1`` in `memo_sim.memplan.footprint.sppo_host_stages` and the ``sppo`` schedule). Its chunk
+is in the cache only while its forward attends (the cache then keeps a ``None`` marker, so the order
+checks below still see the piece).
 
 `KVCache` holds, per layer of the stage, each piece's K and V chunk (token-major ``[b, n, kv]``)
 and the dK/dV accumulators of the pieces whose gradient later pieces have started to add to
@@ -14,8 +22,10 @@ them; freed with the piece's own backward).
 - forward: store this piece's K/V chunk in the cache, concatenate the cache's chunks of pieces
   ``0..k-1`` (tokens ``[0, a)``) with it, and attend the piece's queries to the ``a + n`` keys
   with the causal mask at offset ``a`` (`memo_exec.sppo.attention`); only q, the output and the
-  lse are saved (K/V live in the cache, not twice);
-- backward: concatenate again, compute dq, dK, dV over ``[0, a + n)``; the rows of the earlier
+  lse are saved (K/V live in the cache, not twice), except for the stage's last piece, whose K/V
+  chunk is saved with q and the output and leaves the cache (`KVCache.hand_over`);
+- backward: concatenate again (the last piece: the cache's chunks with its saved own chunk), compute
+  dq, dK, dV over ``[0, a + n)``; the rows of the earlier
   pieces go into their accumulators, and the piece's own rows plus its accumulator (what every
   later piece added) are the gradient of its K/V chunk. Pieces must therefore run backward in
   reverse order: a piece's backward raises if a later piece of the same layer has not yet run its
@@ -49,7 +59,22 @@ class KVCache:
             d.clear()
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for d in self.k + self.v + self.dk + self.dv for t in d.values())
+        """Device bytes the cache holds (a handed-over chunk is autograd's, not the cache's)."""
+        return sum(t.numel() * t.element_size() for d in self.k + self.v + self.dk + self.dv for t in d.values()
+                   if t is not None)
+
+    def is_last(self, piece: int) -> bool:
+        """Whether ``piece`` is the stage's last: no later piece reads its K/V (module docs)."""
+        return piece == len(self.starts) - 1
+
+    def hand_over(self, layer: int, piece: int) -> None:
+        """After the last piece's forward attention: its chunk leaves the cache (autograd saved it for the
+        piece's backward, where the piece's offload unit moves it like its other activations); a ``None`` marker
+        stays so `put` and `take` still see that the piece ran its forward and not yet its backward."""
+        if not self.is_last(piece):
+            raise ExecError(f"sppo: piece {piece} of layer {layer} is not the stage's last; later pieces read its K/V")
+        self.k[layer][piece] = None
+        self.v[layer][piece] = None
 
     def put(self, layer: int, piece: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if piece in self.k[layer]:
@@ -66,10 +91,13 @@ class KVCache:
         b, s, _ = t.shape
         return t.view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
 
-    def prefix(self, layer: int, piece: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of tokens [0, end of ``piece``) as ``[b, Hk, S, d]`` (a concatenation)."""
-        ks = [self.k[layer][j] for j in range(piece + 1)]
-        vs = [self.v[layer][j] for j in range(piece + 1)]
+    def prefix(self, layer: int, piece: int, own: tuple[torch.Tensor, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of tokens [0, end of ``piece``) as ``[b, Hk, S, d]`` (a concatenation); ``own``: the piece's
+        own K/V chunk where the cache handed it over (the last piece's backward), else the cache's."""
+        own_k, own_v = own if own is not None else (self.k[layer][piece], self.v[layer][piece])
+        ks = [self.k[layer][j] for j in range(piece)] + [own_k]
+        vs = [self.v[layer][j] for j in range(piece)] + [own_v]
         k = ks[0] if len(ks) == 1 else torch.cat(ks, dim=1)
         v = vs[0] if len(vs) == 1 else torch.cat(vs, dim=1)
         return self._bhsd(k), self._bhsd(v)
@@ -107,23 +135,31 @@ class PrefixAttention(torch.autograd.Function):
                 piece: int) -> torch.Tensor:
         b, n, _ = q.shape
         H, d = cache.heads, cache.head_dim
-        cache.put(layer, piece, k.detach().contiguous(), v.detach().contiguous())
+        kc, vc = k.detach().contiguous(), v.detach().contiguous()
+        cache.put(layer, piece, kc, vc)
         kk, vv = cache.prefix(layer, piece)
         qh = q.view(b, n, H, d).transpose(1, 2)
         out, lse = prefix_attention_forward(qh, kk, vv, cache.starts[piece])
+        del kk, vv
         out = out.transpose(1, 2).reshape(b, n, H * d)
         ctx.cache, ctx.layer, ctx.piece = cache, layer, piece
         ctx.lse = lse  # the lse stays on the device (not an activation the offload moves)
-        ctx.save_for_backward(q, out)
+        ctx.own_kv = cache.is_last(piece)
+        if ctx.own_kv:  # no later piece reads it: an activation of this piece, offloaded with the rest (module docs)
+            cache.hand_over(layer, piece)
+            ctx.save_for_backward(q, out, kc, vc)
+        else:
+            ctx.save_for_backward(q, out)
         return out
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor):
-        q, out = ctx.saved_tensors
+        q, out, *own = ctx.saved_tensors  # own: the last piece's K/V chunk (forward)
         cache, layer, piece = ctx.cache, ctx.layer, ctx.piece
         b, n, _ = q.shape
         H, d = cache.heads, cache.head_dim
-        kk, vv = cache.prefix(layer, piece)
+        kk, vv = cache.prefix(layer, piece, tuple(own) if ctx.own_kv else None)
+        del own
         bh = lambda t: t.reshape(b, n, H, d).transpose(1, 2)  # noqa: E731
         dq, dk, dv = prefix_attention_backward(bh(dout), bh(q), kk, vv, bh(out), ctx.lse, cache.starts[piece])
         del kk, vv

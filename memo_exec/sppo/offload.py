@@ -6,7 +6,10 @@ forward runs, a `torch.autograd.graph.saved_tensors_hooks` pair catches what aut
 its backward. Token-major activations (``[b, n, width]`` with the piece's ``n`` tokens, or the
 ``[b*n, width]`` view F.linear saves of its input: x, ln1, q, attn, h1, ln2, fc1, act, ...) are the
 offloadable ones, the same tensors the simulator's policy offloads; weights, the LayerNorm statistics, the
-lse and the K/V chunks (which live in the K/V cache, `memo_exec.sppo.kvcache`) stay. After the
+lse and the K/V chunks of every piece but the stage's last (which live in the K/V cache, `memo_exec.sppo.kvcache`)
+stay. The stage's last piece's K/V is read by no later piece: `memo_exec.sppo.kvcache.PrefixAttention` saves it
+through autograd, so it is offloaded and prefetched here with that piece's other activations (the simulator's
+``cached_kv`` false for the stage's last piece, `memo_sim.policy.sppo`). After the
 unit's forward its first ``floor(alpha_i * n)`` token rows of every offloadable tensor are copied
 to pinned host memory on the d2h stream (alpha_i of the unit's subsequence i, from the plan), the
 other rows are kept on the device and the full tensor is let go, so the copy runs while the next

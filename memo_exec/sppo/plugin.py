@@ -13,8 +13,9 @@
 - `SppoActivations` (registered under the simulator's policy name ``sppo``): the executor's
   activation-policy slot for SPPO plans. The stage keeps its activations itself (autograd saves
   them per piece, `memo_exec.sppo.offload` moves alpha_i of them to host, `memo_exec.sppo.kvcache`
-  keeps K/V), so this policy preallocates nothing, and it refuses to hand storage to the
-  single-stage layer loop: an SPPO plan runs through `SppoSchedule` only.
+  keeps K/V, the stage's last piece's aside, which is offloaded with that piece's activations), so this
+  policy preallocates nothing, and it refuses to hand storage to the single-stage layer loop: an SPPO plan
+  runs through `SppoSchedule` only.
 
 Limits (refused in ``check`` with the fix): one rank per stage (tp = cp = ulysses = 1; the
 simulator's TP+SP inside a stage needs the Megatron compute per piece), ZeRO 0 or 1.
@@ -58,7 +59,8 @@ class SppoActivations(ActivationPolicy):
         c = self.choice
         return {"policy": "sppo", "subseqs": c.subseqs, "partition": c.partition, "multiplex": c.multiplex,
                 "bounds": list(c.bounds), "alphas": [float(a) for a in c.alphas],
-                "activations": "autograd per piece; alpha_i of each unit's token rows on host; K/V cached"}
+                "activations": ("autograd per piece; alpha_i of each unit's token rows on host; K/V cached but "
+                                "the stage's last piece's, which is offloaded with its other activations")}
 
 
 @register_schedule("sppo")
