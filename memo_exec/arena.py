@@ -39,7 +39,7 @@ from memo_sim.plan.contract import MemoryPlan
 
 PLAN_PHASES = ("fwd", "bwd")
 
-TP_SUFFIXES = ("_gathered", "_regathered", "_partial")  # tensor/sequence-parallel scratch; this executor runs tp=1
+TP_SUFFIXES = ("_gathered", "_regathered", "_partial")  # tensor/sequence-parallel scratch of a plan run on one device
 
 
 def unplaced_reason(ap: "ArenaPlan", phase: str, name: str) -> str | None:
@@ -51,7 +51,7 @@ def unplaced_reason(ap: "ArenaPlan", phase: str, name: str) -> str | None:
         r = UNPLACED.get(phase, {}).get(name)
     if r is not None:
         return r
-    if name.endswith(TP_SUFFIXES):
+    if name.endswith(TP_SUFFIXES) and not ap.split:  # a TP rank's layer requests them: not placed is a mismatch
         return "tensor/sequence-parallel tensor; this executor runs one device (tp=1)"
     return None
 
@@ -160,10 +160,15 @@ class ArenaPlan:
     ignored: dict[str, str] = field(default_factory=dict)  # "phase:plan name" -> why it is not placed
     model_arena_bytes: int = 0  # the plan's top-level (level-2) arena_bytes, scaled; not allocated
     unplaced: dict[str, dict[str, str]] = field(default_factory=dict)  # phase -> plan name -> why not placed
+    renamed: dict[str, dict[str, str]] = field(default_factory=dict)  # phase -> plan name -> executor name
+    split: bool = False  # checked against a TP rank's layer (``names`` given to `parse_memory_plan`)
 
 
-def parse_memory_plan(mp: MemoryPlan, plan_elem_bytes: int, exec_elem_bytes: int) -> ArenaPlan:
-    """plan.memory_plan -> `ArenaPlan` with offsets scaled to the executor's element width."""
+def parse_memory_plan(mp: MemoryPlan, plan_elem_bytes: int, exec_elem_bytes: int,
+                      names: dict[str, dict[str, str]] | None = None) -> ArenaPlan:
+    """plan.memory_plan -> `ArenaPlan` with offsets scaled to the executor's element width; ``names``: phase ->
+    {plan name: executor name} where the executor's layer names a planned tensor otherwise (a TP rank's buffers,
+    `memo_exec.distributed.tp.megatron.PLAN_NAMES`), applied to the offsets and the plan's ``unplaced`` alike."""
     scale = max(1, math.ceil(exec_elem_bytes / plan_elem_bytes))
     phases = mp.phases
     unknown = sorted(set(phases) - set(PLAN_PHASES))
@@ -171,15 +176,23 @@ def parse_memory_plan(mp: MemoryPlan, plan_elem_bytes: int, exec_elem_bytes: int
         raise MemoryPlanError(f"memory_plan.phases: unknown phase {unknown[0]!r}; this executor plans "
                               f"{', '.join(PLAN_PHASES)}")
     offsets: dict[str, dict[str, int]] = {}
+    renamed: dict[str, dict[str, str]] = {}
     for ph, body in phases.items():
+        rename = (names or {}).get(ph, {})
         mine: dict[str, int] = {}
         for n, o in body.offsets.items():
-            mine[str(n)] = int(o) * scale
+            mine[rename.get(str(n), str(n))] = int(o) * scale
+        if len(mine) < len(body.offsets):
+            raise MemoryPlanError(f"memory_plan.phases.{ph}.offsets: two plan names map to one executor tensor "
+                                  f"({rename}); re-plan with memo-sim")
         offsets[ph] = mine
+        renamed[ph] = {n: e for n, e in rename.items() if n in body.offsets}
     peaks = {ph: body.peak_bytes * scale for ph, body in phases.items()}
     return ArenaPlan(max(peaks.values(), default=0), offsets, scale, peaks,
                      model_arena_bytes=mp.arena_bytes * scale,
-                     unplaced={ph: dict(body.unplaced) for ph, body in phases.items()})
+                     unplaced={ph: {(names or {}).get(ph, {}).get(n, n): r for n, r in body.unplaced.items()}
+                               for ph, body in phases.items()},
+                     renamed={ph: r for ph, r in renamed.items() if r}, split=names is not None)
 
 
 def validate_memory_plan(ap: ArenaPlan, recorder: AllocRecorder, backend: str = "",

@@ -653,17 +653,24 @@ class LayerCompute(HeadNorms):
             del d_act
         with sp("fc1", layer, ph):
             ln2 = tp.gather(S.ln2, X, "ln2_gathered")
-            d_ln2 = X.get("d_ln2", (T, h), dt)
             if tp.size == 1:
+                d_ln2 = X.get("d_ln2", (T, h), dt)
                 self._linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, d_ln2)
+                tp.release(X, "ln2_gathered")
+                X.free("d_fc1")
+                del d_fc1, ln2
             else:
+                # the simulator's order, which the plan's level 1 places (memo_sim/memplan/trace_gen.py
+                # ``_layer_backward_trace``): the GEMMs (wgrad reads the gathered input first, `_linear_backward`)
+                # into the partial sum, then the gathered input and d_fc1 freed, then the reduce's output
                 d_ln2p = self._linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, X.get("d_ln2_partial", (Tg, h), dt))
+                tp.release(X, "ln2_gathered")
+                X.free("d_fc1")
+                del d_fc1, ln2
+                d_ln2 = X.get("d_ln2", (T, h), dt)
                 tp.reduce(d_ln2p, d_ln2)
                 X.free("d_ln2_partial")
                 del d_ln2p
-            tp.release(X, "ln2_gathered")
-            X.free("d_fc1")
-            del d_fc1, ln2
         return self._backward_attention(p, S, dy, d_ln2, layer)
 
     def _backward_attention(self, p: LayerWeights, S: LayerStorage, dy: torch.Tensor, d_ln2: torch.Tensor,
@@ -710,18 +717,20 @@ class LayerCompute(HeadNorms):
                     gb.addmv_(d.t(), oneg)
             tp.release(X, "ln1_gathered")
             del ln1, cast
-            d_ln1 = X.get("d_ln1", (T, h), dt)
-            d_ln1p = d_ln1 if tp.size == 1 else X.get("d_ln1_partial", (Tg, h), dt)
+            d_ln1p = X.get("d_ln1", (T, h), dt) if tp.size == 1 else X.get("d_ln1_partial", (Tg, h), dt)
             self.gemm.dgrad(d_q, ws[0], d_ln1p)
             self.gemm.dgrad(d_k, ws[1], d_ln1p, accumulate=True)
             self.gemm.dgrad(d_v, ws[2], d_ln1p, accumulate=True)
-            if tp.size > 1:
-                tp.reduce(d_ln1p, d_ln1)
-                X.free("d_ln1_partial")
-            del d_ln1p
             for n in ("d_q", "d_k", "d_v"):
                 X.free(n)
             del d_q, d_k, d_v
+            if tp.size == 1:
+                d_ln1 = d_ln1p
+            else:  # the reduce's output after d_q/d_k/d_v are freed, as the simulator orders it (see ``backward``)
+                d_ln1 = X.get("d_ln1", (T, h), dt)
+                tp.reduce(d_ln1p, d_ln1)
+                X.free("d_ln1_partial")
+            del d_ln1p
         with sp("ln1", layer, ph):
             dx = self._norm_backward(d_ln1, S.x, S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b)
             X.free("d_ln1")

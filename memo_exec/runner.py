@@ -472,23 +472,28 @@ def arena_description(ap: ArenaPlan, unplanned: list[str]) -> dict:
             "unplaced_by_plan": unplanned, "plan_names_not_placed": ap.ignored}
 
 
-def plan_arena(plan: Plan, model: ModelConfig, batch: int, seq: int, dtype: torch.dtype, backend, policy
+def plan_arena(plan: Plan, model: ModelConfig, batch: int, seq: int, dtype: torch.dtype, backend, policy,
+               requests: AllocRecorder | None = None, names: dict[str, dict[str, str]] | None = None
                ) -> tuple[ArenaPlan, list[str]]:
     """The plan's level-1 memory plan checked against the executor's layer (``batch`` x ``seq`` tokens,
     the attention ``backend`` that will run, the executor ``policy``'s recompute), recorded on the meta
-    device: the arena to place the layer's scratch in, and the scratch it leaves to the caching allocator."""
-    return _checked_arena(plan, dry_run_layer(model, batch, seq, dtype, backend.name, policy), dtype, backend.name,
-                          model.layers)
+    device: the arena to place the layer's scratch in, and the scratch it leaves to the caching allocator.
+    ``requests``: the layer's requests recorded already (a distributed rank's split layer,
+    `memo_exec.distributed.runner.DistExecutor`), with ``names`` mapping the plan's names to its layer's
+    (`memo_exec.arena.parse_memory_plan`)."""
+    if requests is None:
+        requests = dry_run_layer(model, batch, seq, dtype, backend.name, policy)
+    return _checked_arena(plan, requests, dtype, backend.name, model.layers, names)
 
 
-def _checked_arena(plan: Plan, requests: AllocRecorder, dtype: torch.dtype, backend_name: str, layers: int
-                   ) -> tuple[ArenaPlan, list[str]]:
-    """The plan's level 1 scaled to the executor's element width and checked against the recorded
-    ``requests`` of a run of ``layers`` layers (a `MemoryPlanError` names what does not fit); with the names it
-    leaves unplaced. A run of fewer layers than the plan's (``--layers``) may leave a planned tensor unallocated:
-    MEMO recomputes no token of a 2-layer run, so the plan's re-run tensors are not requested."""
+def _checked_arena(plan: Plan, requests: AllocRecorder, dtype: torch.dtype, backend_name: str, layers: int,
+                   names: dict[str, dict[str, str]] | None = None) -> tuple[ArenaPlan, list[str]]:
+    """The plan's level 1 scaled to the executor's element width (its names mapped by ``names``) and checked against
+    the recorded ``requests`` of a run of ``layers`` layers (a `MemoryPlanError` names what does not fit); with the
+    names it leaves unplaced. A run of fewer layers than the plan's (``--layers``) may leave a planned tensor
+    unallocated: MEMO recomputes no token of a 2-layer run, so the plan's re-run tensors are not requested."""
     mp = plan.memory_plan
-    ap = parse_memory_plan(mp, mp.element_bytes or DTYPE_BYTES[plan.model.dtype], element_size(dtype))
+    ap = parse_memory_plan(mp, mp.element_bytes or DTYPE_BYTES[plan.model.dtype], element_size(dtype), names)
     fewer = (layers, plan.model.layers) if layers < plan.model.layers else None
     return ap, validate_memory_plan(ap, requests, backend_name, fewer)
 

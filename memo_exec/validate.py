@@ -558,7 +558,7 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
         plan = plan_for(model, spec.seq, spec.policy, profile, sim, layout, micro_batches)
         plan_file = write_plan(plan, out_dir / "plans" / f"plan-{k:02d}.json")
         row = ValidationRow(spec.label, "ran", _pred_only(pq), plan_file=str(plan_file),
-                            predicted_timeline=sim.timeline, memory_plan_note=_memory_plan_note(plan))
+                            predicted_timeline=sim.timeline, memory_plan_note=_memory_plan_note(plan, device))
         replays[k] = predicted_allocator(sim, model, spec.seq, spec.policy, profile, layout)
         row.allocator = allocator_comparison(replays[k], not_measured("the plan did not run"))
         rows.append(row)
@@ -604,13 +604,14 @@ def run_validation(model: ModelConfig, profile: HardwareProfile, plans: list[Pla
     return rows
 
 
-def _memory_plan_note(plan: Plan) -> str | None:
-    """`memo_exec.distributed.runner.memory_plan_not_followed` of a multi-device plan (None for one device)."""
+def _memory_plan_note(plan: Plan, device: str | None = None) -> str | None:
+    """`memo_exec.distributed.runner.memory_plan_not_followed` of a multi-device plan run on ``device`` (None for one
+    device)."""
     if plan.layout.gpus == 1:
         return None
     from memo_exec.distributed.runner import memory_plan_not_followed  # noqa: PLC0415 - imports torch
 
-    return memory_plan_not_followed(plan)
+    return memory_plan_not_followed(plan, device=device)
 
 
 def _moved(path: str | None, stage: Path, out: Path) -> str | None:

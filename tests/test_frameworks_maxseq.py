@@ -173,9 +173,9 @@ def test_maxseq_of_a_caching_allocator_baseline_is_decided_by_reserved_memory():
     plan = max_seq(M7, 8, A800, "full_recompute", step=step, framework="memo-paper", simulate=False,
                    allocator="plan")
     assert (cache.allocator, plan.allocator) == ("caching", "plan")
-    # the plan's longest layouts split the layer (tp, cp), which memo-exec runs without the plan's arena
-    # (memo_exec/distributed/runner.py ``_arena_why_not``): their replay is the caching allocator's too and binds the
-    # same (until the h1 review the replay gave them an arena and --allocator plan answered longer)
+    # the plan's longest layouts split the layer (tp, cp): the replay puts their layer transients in the plan's arena
+    # and the rest through the fragmenting caching allocator (memo_sim/memplan/iteration_replay.py); memo-exec follows
+    # a Megatron TP rank's level 1 (memo_exec/distributed/runner.py ``rank_layer_arena``), not yet a cp split's
     assert cache.max_seq <= plan.max_seq
     assert cache.binding.startswith("reserved memory (caching allocator)") and "fits on paper" in cache.binding
     assert plan.binding.startswith(("GPU memory", "reserved memory (caching-allocator fragmentation of every scratch"))

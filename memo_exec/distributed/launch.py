@@ -221,7 +221,7 @@ def say_memory_plan_not_followed(plan, opts, echo) -> None:
     plan is not followed (`memo_exec.distributed.runner.memory_plan_not_followed`), on stderr."""
     from memo_exec.distributed.runner import memory_plan_not_followed  # noqa: PLC0415
 
-    line = memory_plan_not_followed(plan, opts.use_memory_plan)
+    line = memory_plan_not_followed(plan, opts.use_memory_plan, opts.layers, opts.attention_backend, opts.device)
     if line:
         echo(line, err=True)
 

@@ -37,16 +37,16 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.activations import make_policy
-from memo_exec.arena import ArenaScratch, CachingScratch
-from memo_exec.attention import AttnDims, device_why_not, layer_needs, select_backend
-from memo_exec.device import DeviceSpec, element_size
+from memo_exec.arena import AllocRecorder, ArenaScratch, CachingScratch
+from memo_exec.attention import AttnDims, device_why_not, layer_needs, meta_stand_in, select_backend
+from memo_exec.device import DTYPES, DeviceSpec, element_size
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
 from memo_exec.distributed.context import DistContext, local_token_index
 from memo_exec.distributed.schedule import schedule_for
 from memo_exec.distributed.tp import flavour_for
 from memo_exec.distributed.zero import GradSync
-from memo_exec.errors import ExecError
-from memo_exec.layer import LayerWeights
+from memo_exec.errors import ExecError, MemoryPlanError
+from memo_exec.layer import LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, storage_bytes
 from memo_exec.memory_estimate import PEAK_TERMS, MemoryEstimate, peak_total
 from memo_exec.model import GPT, ChainedHooks, LayerHooks, vocab_rows
 from memo_exec.mtp import MTPRun, TPSplit, modules_recomputed, whole_projections
@@ -74,24 +74,93 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
 
 
 def split_layer_why(lay, tp: int, moe: bool) -> str | None:
-    """Why a rank's layer is not the one-device layer the plan's memory plan (level 1) names, so that its scratch comes
-    from the caching allocator (`DistExecutor._arena_why_not`), or None: a tensor, context or Ulysses split inside
-    it, or routed experts."""
-    split = [f"{k} {v}" for k, v in (("tp", tp), ("cp", lay.cp), ("ulysses", lay.ulysses)) if v > 1]
+    """Why a rank's layer is not one the plan's memory plan (level 1) places, so that its scratch comes from the caching
+    allocator (`DistExecutor._arena_why_not`), or None: a context or Ulysses split inside it, a tensor split whose
+    flavour has no meta-device dry run (`memo_exec.distributed.tp.base.TPFlavour.plans_memory`: METP's rings), or
+    routed experts. Megatron TP (with or without SP) is planned: the simulator's level 1 is the TP rank's layer
+    (memo_sim/memplan/trace_gen.py, sharded shapes and the SP gathers), as the MEMO paper plans it per GPU."""
+    split = [f"{k} {v}" for k, v in (("cp", lay.cp), ("ulysses", lay.ulysses)) if v > 1]
+    if tp > 1 and not flavour_for(lay.tp_mode).plans_memory():
+        split.insert(0, f"tp {tp} (tp_mode {lay.tp_mode})")
     if split:
         return "no memory plan for a layer split by " + ", ".join(split)
     return "no memory plan for a mixture-of-experts layer" if moe else None
 
 
-def memory_plan_not_followed(plan: Plan, use_memory_plan: bool = True) -> str | None:
+class LayoutContext:
+    """What a TP flavour reads of a `memo_exec.distributed.context.DistContext` when it is built (``layout``, ``size``,
+    ``coord``, ``group``), from the layout alone: TP rank 0, no process group (every TP rank's layer has the same
+    sizes). The launcher's note (`memory_plan_not_followed`) checks the plan's level 1 with it before a rank starts."""
+
+    def __init__(self, layout) -> None:
+        self.layout = layout
+
+    def size(self, dim: str) -> int:
+        return getattr(self.layout, dim)
+
+    def coord(self, dim: str) -> int:
+        return 0
+
+    def group(self, dim: str):
+        return None
+
+
+def rank_layer_arena(plan: Plan, flavour, model, micro: int, dtype: torch.dtype, backend_name: str):
+    """The plan's level 1 checked against a TP rank's layer (`memo_exec.runner.plan_arena`; a `MemoryPlanError` names
+    the tensor that does not fit): the layer's forward, the whole model's policy's recompute (as on one device: the
+    plan's level 1 holds the recompute scratch) and backward on the meta device through the flavour's
+    ``sizes_only_compute`` (its collectives' buffers requested, nothing communicated), with the rank's shard of the
+    weights, its storage shapes and rows, and the plan's names mapped to the layer's (``plan_names``). Returns the
+    arena and the scratch the plan does not place (the caching allocator's)."""
+    meta, lay = torch.device("meta"), plan.layout
+    shard_seq = plan.seq_tokens // (lay.cp * lay.ulysses)
+    T, shapes = flavour.local_tokens(micro * shard_seq), flavour.storage_shapes()
+    rec = AllocRecorder()
+    backend = meta_stand_in(backend_name)
+    comp = flavour.sizes_only_compute(micro, shard_seq, dtype, backend, CachingScratch(meta, rec))
+    w = flavour.make_weights(model.layers, meta, dtype, layer=0)
+    for p in w.parameters():
+        p.grad = torch.zeros_like(p)
+    block = torch.empty(storage_bytes(model, T, dtype, shapes=shapes), dtype=torch.uint8, device=meta)
+    st = LayerStorage(carve_storage(block, model, T, dtype, shapes=shapes),
+                      torch.empty(4, T, dtype=norm_stats_dtype(dtype, meta), device=meta))
+    policy = make_policy(plan.policy, model, 1, T, model.layers, dtype, meta, None, None, None, shapes=shapes,
+                         balance=lay.balance)
+    with torch.no_grad():
+        comp.forward(w, st, torch.empty(T, model.hidden, dtype=dtype, device=meta), 0)
+        policy.recompute(comp, w, st, 0)  # layer 0 is offloaded (and recomputed) whenever any layer is
+        comp.backward(w, st, torch.empty(T, model.hidden, dtype=dtype, device=meta), 0)
+    return plan_arena(plan, model, micro, shard_seq, dtype, backend, None, requests=rec, names=flavour.plan_names())
+
+
+def tp_plan_refused(tp: int, e: MemoryPlanError) -> str:
+    """Why a TP rank's scratch comes from the caching allocator where the plan's level 1 does not fit its layer."""
+    return f"the plan's level 1 does not fit a tp {tp} rank's layer ({e})"
+
+
+def memory_plan_not_followed(plan: Plan, use_memory_plan: bool = True, layers: int | None = None,
+                             attention_backend: str | None = None, device: str | None = None) -> str | None:
     """The one console line memo-exec says at the start of a multi-device run (``run`` and ``validate``) whose plan
-    carries a static memory plan that the ranks will not follow (`split_layer_why`; the layer's scratch then comes
-    from the caching allocator), or None. The simulator priced that plan's arena (offsets fixed, no fragmentation:
-    `memo_sim.memplan`), so the run's peak can exceed the prediction (a review: report.md alone said so)."""
+    carries a static memory plan that the ranks will not follow (`split_layer_why`; a TP rank's layer that the plan's
+    level 1 does not fit, `rank_layer_arena`, checked here at the plan's dtype for ``layers`` of its layers with the
+    attention backend asked for on ``device``; the layer's scratch then comes from the caching allocator), or None.
+    The simulator priced that plan's arena (offsets fixed, no fragmentation: `memo_sim.memplan`), so the run's peak can
+    exceed the prediction (a review: report.md alone said so)."""
     mp = plan.memory_plan
     if mp is None or not mp.phases or not use_memory_plan:
         return None
     why = split_layer_why(plan.layout, plan.layout.tp, plan.model.moe)
+    if why is None and plan.layout.tp > 1:
+        model = dataclasses.replace(plan.model, layers=layers or plan.model.layers)
+        flavour = flavour_for(plan.layout.tp_mode)(LayoutContext(plan.layout), model)
+        name = attention_backend or plan.attention_backend
+        if name == "auto":  # only math takes scratch tensors: every CUDA kernel records the same requests
+            on_cpu = device.startswith("cpu") if device else not torch.cuda.is_available()
+            name = "math" if on_cpu else "sdpa_flash"
+        try:
+            rank_layer_arena(plan, flavour, model, plan.micro_batch or plan.batch, DTYPES[plan.model.dtype], name)
+        except MemoryPlanError as e:
+            why = tp_plan_refused(plan.layout.tp, e)
     if why is None:
         return None
     return (f"note: the plan's static memory plan is not followed ({why}: every layer scratch tensor comes from the "
@@ -160,7 +229,13 @@ class DistExecutor(ExecutorBase):
         per_set, self.activation_sets = self.schedule.activation_sets()
         self.policy = self._meta_policy(per_set)
         self.arena_plan, self.unplanned, self.no_arena = None, [], self._arena_why_not(plan, opts)
-        if self.no_arena is None:  # this rank's layer is the one-device layer: its scratch at the plan's offsets
+        if self.no_arena is None and self.flavour.size > 1:  # the TP rank's layer, as the plan's level 1 has it
+            try:
+                self.arena_plan, self.unplanned = rank_layer_arena(plan, self.flavour, m, self.micro, self.dtype,
+                                                                   self.backend.name)
+            except MemoryPlanError as e:  # the caching allocator, and the run says why (as the launcher did)
+                self.no_arena = tp_plan_refused(self.flavour.size, e)
+        elif self.no_arena is None:  # this rank's layer is the one-device layer: its scratch at the plan's offsets
             # checked against the layer as the whole model's policy runs it (the plan's level 1 is the one-stage
             # layer's, recompute scratch included; a chunk too short to recompute simply leaves those unused)
             whole = make_policy(plan.policy, m, self.micro, self.shard_seq, m.layers, self.dtype, torch.device("meta"),
@@ -176,10 +251,10 @@ class DistExecutor(ExecutorBase):
 
     def _arena_why_not(self, plan: Plan, opts: RunOptions) -> str | None:
         """Why this rank places its layer scratch with the caching allocator rather than at the memory
-        plan's offsets (None: it uses the plan). The plan's level 1 names the one-device layer's
-        tensors; a rank whose layer is that layer (no tensor, context or Ulysses split inside it, no
-        experts: pipeline stages, data-parallel replicas) places them in one arena per rank, reused by
-        every layer phase of every micro-batch it runs (a stage runs one phase at a time)."""
+        plan's offsets (None: it uses the plan). The plan's level 1 names one GPU's layer tensors: a rank
+        whose layer is the one-device layer (pipeline stages, data-parallel replicas) or a Megatron TP rank's
+        (`_rank_arena`) places them in one arena per rank, reused by every layer phase of every micro-batch it
+        runs (a stage runs one phase at a time); a context or Ulysses split, METP or experts: `split_layer_why`."""
         mp = plan.memory_plan
         if mp is None or not mp.phases:
             return "no memory plan"
@@ -630,6 +705,12 @@ class DistExecutor(ExecutorBase):
                     merged[n] = g.to(self.device)
         return merged
 
+    def _arena_described(self) -> dict:
+        """`arena_description`, with the plan's names this rank's layer calls otherwise (``plan_names``: phase ->
+        {plan name: executor name}) where there are any."""
+        ap = self.arena_plan
+        return arena_description(ap, self.unplanned) | ({"plan_names": ap.renamed} if ap.renamed else {})
+
     def describe(self) -> dict:
         lay = self.layout
         return {
@@ -642,6 +723,6 @@ class DistExecutor(ExecutorBase):
                          "reshard_after_forward": lay.reshard_after_forward}} if lay.dp_mode == "fsdp" else {}),
             **({"experts": {"ep": lay.ep, "etp": lay.etp, "dispatcher": lay.moe_dispatcher,
                             "local": list(self._expert_range()), "expert_dp": lay.expert_dp}} if self.model.moe else {}),
-            **({"memory_plan": arena_description(self.arena_plan, self.unplanned)} if self.arena_plan is not None
+            **({"memory_plan": self._arena_described()} if self.arena_plan is not None
                else {"memory_plan_not_used": self.no_arena}),
         }

@@ -33,6 +33,13 @@ and the (possibly layer-reduced) `ModelConfig`. Then, in this order:
    (``[start*row_mult, T*row_mult)`` of the split tensors). ``backend`` is the attention (ring
    CP / Ulysses already wrapped around the plan's kernel), ``seq`` the sequence length that
    attention sees. Weight gradients are accumulated into the preallocated ``.grad`` tensors.
+6. Optional, for the plan's static memory plan (level 1, `memo_sim.memplan`): ``sizes_only_compute(batch, seq,
+   dtype, backend, scratch)`` -> the same layer compute on the meta device whose collectives do not communicate
+   but ask ``scratch`` for exactly the buffers the real ones ask for (its requests are recorded to check the plan
+   against them, `memo_exec.distributed.runner.DistExecutor`), or None where the flavour has none (then the rank's
+   scratch comes from the caching allocator and the run says so); ``plans_memory()`` says which, before any
+   instance exists; ``plan_names()`` maps the simulator's names of this rank's tensors to the executor's,
+   {phase: {plan name: executor name}}.
 """
 
 from __future__ import annotations
@@ -78,3 +85,14 @@ class TPFlavour:
 
     def make_compute(self, batch: int, seq: int, dtype, device, backend, scratch, timer):
         raise NotImplementedError
+
+    @classmethod
+    def plans_memory(cls) -> bool:
+        """Whether ``sizes_only_compute`` records this flavour's layer (the rank can follow a memory plan)."""
+        return False
+
+    def sizes_only_compute(self, batch: int, seq: int, dtype, backend, scratch):
+        return None
+
+    def plan_names(self) -> dict[str, dict[str, str]]:
+        return {}

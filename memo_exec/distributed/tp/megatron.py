@@ -12,6 +12,10 @@ Column-parallel qkv and fc1 (this rank's heads / FFN columns), row-parallel out_
 - without SP, ``gather`` is the identity (every rank holds every token) and ``reduce`` is an
   all-reduce.
 
+The plan's level-1 memory plan (`memo_sim.memplan`) places this rank's layer scratch: `MegatronTP.sizes_only_compute`
+records its requests on the meta device (`SizesOnlyComm` asks for the buffers `MegatronComm` asks for), and
+`PLAN_NAMES` maps the simulator's names of the TP buffers to the executor's.
+
 The embedding and the classifier outside the layers hold the rank's vocabulary rows under every flavour
 (`memo_exec.vocab_parallel`, built by the runner from the flavour's group).
 """
@@ -87,6 +91,24 @@ class SizesOnlyComm(MegatronComm):
 
     def reduce(self, partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return out
+
+
+# The simulator's names of a TP rank's buffers (phase -> {plan name: executor name}) where the two differ; the sizes
+# agree (checked on tp 2 with and without SP, 7B and a toy model: every placed tensor's bytes equal the executor's
+# request). The simulator names a gather by the GEMM that reads it (memo_sim/memplan/trace_gen.py
+# ``_layer_forward_trace``: ``{op}_input_gathered``; ``_layer_backward_trace``: ``{op}_input_regathered``, and the
+# out_proj backward's gather of its output's gradient ``d_proj_gathered``), its recompute's by memo_sim/tp/base.py
+# ``TPFlavour.recompute_scratch`` (``recompute_ln*_gathered``, and ``rc_proj``: the full-length partial sum of the
+# re-run out_proj, which the executor reduces into ``rc_proj``, the rank's rows, a tensor the plan does not place);
+# the executor by the gathered tensor (memo_exec/layer.py ``LayerCompute``: ``ln1_gathered``, ``ln2_gathered``,
+# ``d_h1_gathered``; its recompute's under the ``rc_`` prefix, and ``{name}_partial`` for a partial sum,
+# ``LayerCompute._row_parallel``).
+PLAN_NAMES = {
+    "fwd": {"qkv_input_gathered": "ln1_gathered", "fc1_input_gathered": "ln2_gathered"},
+    "bwd": {"qkv_input_regathered": "ln1_gathered", "fc1_input_regathered": "ln2_gathered",
+            "d_proj_gathered": "d_h1_gathered", "recompute_ln1_gathered": "rc_ln1_gathered",
+            "recompute_ln2_gathered": "rc_ln2_gathered", "rc_proj": "rc_proj_partial"},
+}
 
 
 @register_tp("megatron")
@@ -186,5 +208,22 @@ class MegatronTP(TPFlavour):
 
     def make_compute(self, batch: int, seq: int, dtype, device, backend, scratch, timer) -> LayerCompute:
         return LayerCompute(self.model, batch, seq, dtype, device, backend, scratch, timer, tp=self.comm)
+
+    @classmethod
+    def plans_memory(cls) -> bool:
+        """True where the layer is `LayerCompute` over `MegatronComm` (this class's ``make_compute``): the one
+        `sizes_only_compute` records. A subclass with its own layer (METP's rings, `memo_exec.metp.flavour`) has no
+        dry run here."""
+        return cls.make_compute is MegatronTP.make_compute
+
+    def sizes_only_compute(self, batch: int, seq: int, dtype, backend, scratch) -> LayerCompute | None:
+        """This rank's layer on the meta device, its collectives' scratch requests without communicating."""
+        if not self.plans_memory():
+            return None
+        comm = SizesOnlyComm(None, self.size, self.sp) if self.size > 1 else self.comm
+        return LayerCompute(self.model, batch, seq, dtype, torch.device("meta"), backend, scratch, tp=comm)
+
+    def plan_names(self) -> dict[str, dict[str, str]]:
+        return PLAN_NAMES if self.size > 1 and self.plans_memory() else {}
 
 
