@@ -202,7 +202,7 @@ def _whatif_json(*extra):
             *extra]
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
-    return json.loads(r.output)["candidates"]
+    return json.loads(r.stdout)["candidates"]
 
 
 def test_allocator_both_prices_each_policy_on_the_caching_allocator_and_on_a_plan():

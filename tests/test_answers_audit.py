@@ -16,7 +16,7 @@ ASKED = ["whatif", "--seq", "1M", "--tp", "8", "--policy", "full_recompute", "--
 def test_tp8_is_answered_as_megatron_tp8():
     r = CliRunner().invoke(cli, ASKED + ["--json"])
     assert r.exit_code == 3, r.output  # Megatron TP8 with full recompute does not fit 1M tokens on 8 GPUs
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
     assert d["candidates"] and all(c["layout_degrees"]["tp_mode"] == "megatron" and c["layout_degrees"]["tp"] == 8
                                    for c in d["candidates"])
     text = CliRunner().invoke(cli, ASKED)

@@ -24,7 +24,7 @@ def test_7b_1m_json_statuses(tmp_path):
     r = run(["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "1M", "--profile", "a800-80gb", "--json",
              "--out", str(tmp_path)])
     assert r.exit_code == 0
-    obj = json.loads(r.output)
+    obj = json.loads(r.stdout)
     cands = obj["candidates"]
     by_policy = {}
     for c in cands:
@@ -44,7 +44,7 @@ def test_7b_1m_json_statuses(tmp_path):
 
 def test_4k_ranks_no_offload_first(tmp_path):
     r = run(["whatif", "--seq", "4K", "--json", "--out", str(tmp_path)])
-    top = json.loads(r.output)["candidates"][0]
+    top = json.loads(r.stdout)["candidates"][0]
     assert top["policy"] in ("store_all", "full_recompute")
 
 
@@ -398,7 +398,7 @@ def test_fit_fixes_name_only_policies_the_framework_offers():
     r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "16", "--profile", "h100-sxm5-80gb",
                                  "--seq", "256K", "--policy", "store_all", "--no-plan", "--json"])
     assert r.exit_code == 3, r.output  # nothing fits
-    fixes = json.loads(r.output)["not_fitting_fixes"]
+    fixes = json.loads(r.stdout)["not_fitting_fixes"]
     named = {m for f in fixes for m in re.findall(r"--policy (\S+)", f)}
     assert named and named <= set(get_framework("any").policies), (named, fixes)
 
@@ -480,7 +480,7 @@ def test_a_plan_records_its_framework_and_sweep_seq_sweeps_what_it_offers(tmp_pa
     r = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "plan.json"), "--seqs", "2K", "--out",
                                  str(tmp_path / "sw"), "--json"])
     assert r.exit_code == 0, r.output
-    swept = {row["policy"]["policy"] for row in json.loads(r.output)}
+    swept = {row["policy"]["policy"] for row in json.loads(r.stdout)}
     assert swept == {"store_all", "full_recompute", "op_sac"}, swept  # torchtitan's (memo has 10 policies)
     older = {k: v for k, v in plan.items() if k != "framework"}  # a plan written before the field: any
     (tmp_path / "old.json").write_text(json.dumps(older))
@@ -570,7 +570,7 @@ def test_fewer_layers_keep_the_share_of_sliding_and_dense_layers():
     r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-oss-20b", "--layers", "2", "--gpus", "8", "--seq", "8K",
                                  "--no-plan", "--jobs", "1", "--simulate-top", "1", "--json"])
     assert r.exit_code == 0, r.output
-    m = json.loads(r.output)["model"]
+    m = json.loads(r.stdout)["model"]
     assert (m["layers"], m["sliding_layers"]) == (2, 1)
     from memo_sim.model.config import get_model, with_overrides
 

@@ -43,7 +43,7 @@ def test_memo_exec_run_runs_a_one_stage_sppo_plan_in_process(tmp_path):
     r = CliRunner().invoke(cli, ["run", str(plan_file), "--device", "cpu", "--steps", "2", "--out", str(out),
                                  "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output)
+    doc = json.loads(r.stdout)
     assert doc["world"] == 1 and len(doc["losses"]) == 2 and all(x == x and x > 0 for x in doc["losses"])
     assert all(str(out) in p for p in doc["files"].values())  # the paths once moved in, not the stage
     assert not (out / "launcher.log").exists()  # no torchrun

@@ -33,7 +33,7 @@ def test_explain_adds_up(tmp_path, extra):
     plan = _plan(tmp_path, *extra)
     r = CliRunner().invoke(cli, ["explain", plan, "--json"])
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
     assert d["status"] == "OK" and d["binding"]
     for t in d["time_breakdown_s"]:
         parts = sum(t["busy"].values()) + sum(t["waits"].values())
@@ -98,7 +98,7 @@ def test_explain_every_schedule_and_the_other_policies(tmp_path, extra):
     plan = _plan(tmp_path, *extra)
     r = CliRunner().invoke(cli, ["explain", plan, "--json"])
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
     assert d["status"] == "OK" and d["binding"] and d["analytic_peak_gpu_bytes"] > 0
     for t in d["time_breakdown_s"]:
         assert sum(t["busy"].values()) + sum(t["waits"].values()) == pytest.approx(t["iteration_s"], rel=1e-9)

@@ -56,7 +56,7 @@ def test_whatif_compares_the_framework_with_memo(tmp_path):
     assert "megatron's best:" in r.output and "memo's best:" in r.output
     r = CliRunner().invoke(cli, ["whatif", "--seq", "512K", "--framework", "megatron", "--simulate-top", "1",
                                  "--json", "--no-plan"])
-    obj = json.loads(r.output)
+    obj = json.loads(r.stdout)
     assert obj["framework"] == "megatron" and obj["memo_best"]["policy"] == "memo"
 
 
@@ -80,7 +80,7 @@ def test_maxseq_equals_a_linear_scan(policy):
 def test_maxseq_command(tmp_path):
     r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "memo", "--json"])
     assert r.exit_code == 0, r.output
-    (a,) = json.loads(r.output)["answers"]
+    (a,) = json.loads(r.stdout)["answers"]
     assert a["max_seq_tokens"] >= 1024 * K and 0 < a["mfu"] < 1 and a["binding"]
     r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--step", "0"])
     assert r.exit_code == 2
@@ -92,7 +92,7 @@ def test_maxseq_with_a_framework_on_a_dense_model_tries_the_policies_that_price_
     r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--framework", "megatron",
                                  "--step", "64K", "--json"])
     assert r.exit_code == 0, r.output
-    pols = {a["policy"] for a in json.loads(r.output)["answers"]}
+    pols = {a["policy"] for a in json.loads(r.stdout)["answers"]}
     assert pols and not pols & {"recompute_norm_act", "recompute_moe"}, pols
 
 
@@ -118,7 +118,7 @@ def test_maxseq_command_with_fixed_degrees():
     args = ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "full_recompute", "--step", "64K"]
     r = CliRunner().invoke(cli, args + ["--tp", "8", "--no-optimizer-offload", "--json"])
     assert r.exit_code == 0, r.output
-    obj = json.loads(r.output)
+    obj = json.loads(r.stdout)
     assert obj["fixed"] == {"tp": 8, "optimizer_offload": False, "tp_mode": "megatron"}
     (a,) = obj["answers"]
     assert a["best"]["layout"].startswith("tp8") and a["max_seq_tokens"]
@@ -141,7 +141,7 @@ def test_maxseq_fixes_a_mixture_of_experts_layout_and_its_balance():
             "--policy", "full_recompute", "--step", "256K"]
     r = CliRunner().invoke(cli, args + ["--ep", "8", "--moe-balance", "capacity:1.25", "--json"])
     assert r.exit_code == 0, r.output
-    obj = json.loads(r.output)
+    obj = json.loads(r.stdout)
     assert obj["fixed"] == {"ep": 8, "moe_balance": "capacity:1.25", "tp_mode": "all"}
     (a,) = obj["answers"]
     assert "-ep8-" in a["best"]["layout"] and a["best"]["layout"].endswith("capacity1.25") and a["max_seq_tokens"]
@@ -193,7 +193,7 @@ def test_maxseq_allocator_both_answers_side_by_side():
                                  "--policy", "memo", "--framework", "memo-paper", "--step", "64K",
                                  "--allocator", "both", "--json"])
     assert r.exit_code == 0, r.output
-    got = [(a["policy"], a["allocator"]) for a in json.loads(r.output)["answers"]]
+    got = [(a["policy"], a["allocator"]) for a in json.loads(r.stdout)["answers"]]
     assert got == [("full_recompute", "caching"), ("full_recompute", "plan"), ("memo", "caching")]
     text = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "full_recompute",
                                     "--framework", "memo-paper", "--step", "64K", "--allocator", "both"]).output
@@ -342,7 +342,7 @@ def test_maxseq_takes_the_caching_allocators_settings():
             "--jobs", "1", "--policy", "full_recompute", "--json"]
     plain = json.loads(CliRunner().invoke(cli, args).output)
     r = CliRunner().invoke(cli, [*args, "--alloc-conf", "expandable_segments:True"])
-    exp = json.loads(r.output)
+    exp = json.loads(r.stdout)
     assert exp["fixed"]["alloc_conf"] == "expandable_segments:True"
     assert "expandable" in exp["answers"][0]["best"]["layout"] and exp["answers"][0]["max_seq_tokens"] > \
         plain["answers"][0]["max_seq_tokens"]

@@ -160,7 +160,7 @@ def test_whatif_ranks_fp8_plans_faster_than_bf16_on_h100():
     for p in ("bf16", "fp8-tensorwise", "zero,fp8-blockwise"):
         r = _invoke([*base, "--precision", p])
         assert r.exit_code == 0, r.output
-        obj = json.loads(r.output)
+        obj = json.loads(r.stdout)
         out[p] = obj
     assert out["fp8-tensorwise"]["model"]["gemm_format"] == "fp8-tensorwise"
     assert out["zero,fp8-blockwise"]["model"]["precision"] == "zero"

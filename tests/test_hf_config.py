@@ -218,7 +218,7 @@ def test_whatif_answers_for_qwen3_32b_and_refuses_sppo_for_it_in_one_line():
             "--jobs", "1", "--pp", "2"]
     r = runner.invoke(main, args + ["--json"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["candidates"] and out["model"]["params"] == QWEN3_TRANSFORMERS["qwen3-32b"]
     r = runner.invoke(main, args + ["--policy", "sppo"])
     assert r.exit_code == 2 and r.output.strip().count("\n") == 0 and "head_dim" in r.output, r.output

@@ -64,7 +64,7 @@ def test_maxseq_of_a_memo_plan_answers_a_length_whose_replay_fits_and_the_next_d
     memory in the replay, named as the caching allocator's fragmentation of the tensors outside the arena."""
     r = CliRunner().invoke(cli, ["maxseq", *CP8, "--step", "8K", "--jobs", "1", "--json"])
     assert r.exit_code == 0, r.output
-    (a,) = json.loads(r.output)["answers"]
+    (a,) = json.loads(r.stdout)["answers"]
     best, nxt = a["max_seq_tokens"], a["next_seq_tokens"]
     assert nxt == best + 8 * K
     assert a["binding"].startswith("reserved memory (caching-allocator fragmentation of the tensors outside the "

@@ -285,7 +285,7 @@ def test_whatif_cli_metp(tmp_path):
     r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "256K", "--tp-mode", "metp",
                                  "--profile", "a100-sxm4-80gb", "--simulate-top", "1", "--json", "--no-plan"])
     assert r.exit_code == 0, r.output
-    obj = json.loads(r.output)
+    obj = json.loads(r.stdout)
     assert obj["tp_mode"] == "metp" and all(c["tp_mode"] == "metp" for c in obj["candidates"])
     rows = obj["metp_vs_megatron"]
     assert rows and all(row["memory_saved_fraction"] > 0 for row in rows)

@@ -158,7 +158,7 @@ def test_the_bound_holds_for_moe_candidates():
 def _whatif(*args):
     r = CliRunner().invoke(cli, ["whatif", "--no-plan", "--json", "--jobs", "1", *args])
     assert r.exit_code in (0, 3), r.output
-    return r.exit_code, json.loads(r.output)
+    return r.exit_code, json.loads(r.stdout)
 
 
 def test_whatif_qwen3_ranks_expert_layouts(tmp_path):

@@ -151,7 +151,7 @@ def test_the_last_stage_runs_it_in_every_micro_batch_and_the_flag_drops_it(tmp_p
     for n in ("0", "1"):
         r = _whatif(tmp_path / n, "--mtp-layers", n)
         assert r.exit_code == 0, r.output
-        runs[n] = json.loads(r.output)
+        runs[n] = json.loads(r.stdout)
     m = replace(get_model("qwen3-30b-a3b"), layers=4, mtp_layers=1)
     assert runs["1"]["model"]["mtp_params"] == m.mtp_params() > 0 and runs["0"]["model"]["mtp_params"] == 0
     assert any("multi-token prediction (1 module" in note for note in runs["1"]["model"]["notes"])
@@ -230,7 +230,7 @@ def test_a_framework_that_leaves_the_module_out_says_so_in_the_header_json_and_l
             "h100-sxm5-80gb", "--policy", "store_all", "--no-plan"]
     r = CliRunner().invoke(cli, [*base, "--framework", "torchtitan", "--json"])
     assert r.exit_code in (0, 3), r.output
-    model = json.loads(r.output)["model"]
+    model = json.loads(r.stdout)["model"]
     assert model["mtp_layers"] == 0 and model["mtp_params"] == 0
     assert any("torchtitan does not train it" in n for n in model["notes"]), model["notes"]
     r = CliRunner().invoke(cli, [*base, "--framework", "torchtitan", "--pp", "2",

@@ -69,7 +69,7 @@ def _whatif(*args):
 def test_70b_on_8_gpus_at_4k_fits_with_the_optimizer_on_the_host():
     r = _whatif("--json")
     assert r.exit_code == 0, r.output[-2000:]
-    obj = json.loads(r.output)
+    obj = json.loads(r.stdout)
     best = next(c for c in obj["candidates"] if c["status"] == "OK")
     assert best["layout_degrees"].get("optimizer_offload") is True, best["layout"]
     assert "optim-offload" in best["layout"] and best["simulated_status"] == "OK"

@@ -230,7 +230,7 @@ def test_cli_175b_pp8_ranks_1f1b_and_interleaved(policy):
     r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-175b", "--gpus", "64", "--seq", "32K", "--pp", "8",
                                  "--policy", policy, "--json", "--no-plan"])
     assert r.exit_code in (0, 3), r.output
-    obj = json.loads(r.output)
+    obj = json.loads(r.stdout)
     cands = obj["candidates"]
     assert {c["schedule"] for c in cands} == {"1f1b", "interleaved_1f1b"}
     assert all(c["pp"] == 8 for c in cands) and any(c["vpp"] > 1 for c in cands)

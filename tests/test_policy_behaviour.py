@@ -28,7 +28,7 @@ def test_whatif_keeps_each_recompute_module_set_as_its_own_row():
                                  "h100-sxm5-80gb", "--framework", "megatron", "--tp", "4", "--cp", "2", "--ep", "8",
                                  "--pp", "1", "--zero", "1", "--no-plan", "--json"])
     assert r.exit_code == 0, r.output
-    rows = json.loads(r.output)["candidates"]
+    rows = json.loads(r.stdout)["candidates"]
     fitting = {c["policy"]: c for c in rows if c["status"] == "OK"}
     assert {"recompute_norm_act", "recompute_moe", "selective_recompute"} <= set(fitting), sorted(fitting)
     peaks = {p: fitting[p]["peak_gpu_bytes"] for p in ("recompute_norm_act", "recompute_moe")}

@@ -43,9 +43,9 @@ def test_memplan_alpha_is_memos_and_defaults_to_half():
     for extra, label in (([], "memo(a=0.500)"), (["--alpha", "0.25"], "memo(a=0.250)")):
         r = CliRunner().invoke(cli, ["memplan", *TOY, "--tp", "1", *QUICK, "--json", *extra])
         assert r.exit_code == 0, r.output
-        assert json.loads(r.output)["policy"] == label
+        assert json.loads(r.stdout)["policy"] == label
     r = CliRunner().invoke(cli, ["memplan", *TOY, "--tp", "1", *QUICK, "--json", "--policy", "full_recompute"])
-    assert r.exit_code == 0 and json.loads(r.output)["policy"] == "full_recompute", r.output
+    assert r.exit_code == 0 and json.loads(r.stdout)["policy"] == "full_recompute", r.output
 
 
 # ---------------------------------------------------------------------------------------------------- 2. --out

@@ -98,7 +98,7 @@ def test_best_runnable_searches_torchtitan_in_fp8_rowwise_for_a_megatron_tensorw
 def _json(args: list[str]) -> dict:
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)
     d.pop("plan", None)
     return d
 

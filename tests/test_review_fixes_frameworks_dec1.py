@@ -112,7 +112,7 @@ def test_frameworks_json_has_every_field_and_the_text_says_them():
     'ZeRO 0, 3 (fsdp)' and 'TP no (SP on; megatron)'."""
     r = CliRunner().invoke(cli, ["frameworks", "--json"])
     assert r.exit_code == 0, r.output
-    j = json.loads(r.output)
+    j = json.loads(r.stdout)
     schema = _fields(_FrameworkIn)
     for name in load_frameworks():
         assert _missing(schema, j[name], "") == [], (name, _missing(schema, j[name], ""))

@@ -36,7 +36,7 @@ def _fw(name: str):
 def _json(args: list[str]) -> dict:
     r = CliRunner().invoke(cli, args + ["--json", "--no-plan"])
     assert r.exit_code == 0, r.output
-    return json.loads(r.output)
+    return json.loads(r.stdout)
 
 
 # ---- 1. --dp-mode all offers plain FSDP -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ def test_a_pipelines_memo_alpha_shares_the_node_host_memory_with_every_stage(tmp
     # at 1M tokens nothing fitted where a lower alpha does.
     r = run(["whatif", "--pp", "2", "--policy", "memo", "--seq", "1M", "--no-plan", "--json"])
     assert r.exit_code == 0, r.output
-    cands = json.loads(r.output)["candidates"]
+    cands = json.loads(r.stdout)["candidates"]
     assert cands[0]["status"] == "OK"
     solved = [c for c in cands if c["alpha_note"] in ("host memory full", "all tokens offloaded within both limits",
                                                         "offload time = layer forward time")]
@@ -34,7 +34,7 @@ def test_a_memory_fraction_caps_every_row_pipelines_and_memory_plans_too():
              "--no-plan", "--json", "--alloc-conf", "per_process_memory_fraction:0.3",
              "--policy", "store_all", "--policy", "memo", "--policy", "sppo"])
     assert r.exit_code == 0, r.output
-    obj = json.loads(r.output)
+    obj = json.loads(r.stdout)
     assert "alloc-conf" in obj["searched"]["sppo"]  # SPPO's planner runs the allocator's defaults: not searched
     fits = [c for c in obj["candidates"] if c["status"] == "OK"]
     assert any(c["schedule"] != "single_stage" for c in obj["candidates"])
@@ -95,9 +95,9 @@ def test_an_uneven_split_is_tried_each_way_round(tmp_path):
              "--zero", "1", "--vpp", "1", "--batch", "8", "--micro-batch", "1", "--profile", "h100-sxm5-80gb",
              "--framework", "megatron", "--policy", "store_all", "--no-plan", "--json"])
     assert r.exit_code == 0, r.output
-    rows = {c["layout"].split("-")[1]: c for c in json.loads(r.output)["candidates"]}
+    rows = {c["layout"].split("-")[1]: c for c in json.loads(r.stdout)["candidates"]}
     assert {"pp4f6l7", "pp4f7l6"} <= set(rows)
-    best = json.loads(r.output)["candidates"][0]
+    best = json.loads(r.stdout)["candidates"][0]
     assert best["layout"].split("-")[1] == "pp4f7l6"  # the faster here (the test of both: they are ranked)
     assert best["simulated_iteration_s"] < rows["pp4f6l7"]["simulated_iteration_s"]
 

@@ -76,7 +76,7 @@ def test_every_json_row_carries_its_proved_bound_and_the_claim_checks_out():
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "12", "--seq", "32K", "--gpus", "8",
                                  "--batch", "4", "--micro-batch", "1", "--schedule", "single_stage", "--profile",
                                  "h100-sxm5-80gb", "--no-plan", "--jobs", "1", "--json"])
-    rows = json.loads(r.output)["candidates"]
+    rows = json.loads(r.stdout)["candidates"]
     fit = [x for x in rows if x["status"] == "OK"]
     assert fit and all(x["proved_bound_tgs_tokens_per_gpu_s"] is not None for x in fit)
     assert all(x["proved_bound_tgs_tokens_per_gpu_s"] is None for x in rows if x["status"] != "OK")

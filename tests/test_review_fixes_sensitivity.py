@@ -46,7 +46,7 @@ def test_the_runner_up_says_when_second_place_is_not_proved():
     import json
 
     r = CliRunner().invoke(cli, [*ARGS, "--json"])
-    up = json.loads(r.output)["runner_up"]
+    up = json.loads(r.stdout)["runner_up"]
     assert up["unsimulated_possibly_faster"] > 0 and "second place not proved" in up["words"]
     every = CliRunner().invoke(cli, [*ARGS, "--json", "--simulate-top", "all"])
     assert json.loads(every.output)["runner_up"]["unsimulated_possibly_faster"] == 0

@@ -171,7 +171,7 @@ def test_torchtitan_2024_12_searches_a_windowed_model_without_cp_and_refuses_cp_
             "--profile", "h100-sxm5-80gb", "--no-plan", "--json"]
     r = CliRunner().invoke(sim_cli, args)
     assert r.exit_code == 0, r.output[-800:]
-    rows = json.loads(r.output)["candidates"]
+    rows = json.loads(r.stdout)["candidates"]
     assert rows and all(c["layout_degrees"]["cp"] == 1 for c in rows)
     r = CliRunner().invoke(sim_cli, [*args, "--cp", "2"])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]

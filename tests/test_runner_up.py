@@ -40,7 +40,7 @@ def test_the_runner_up_is_in_the_table_and_the_json():
 def test_no_runner_up_when_one_plan_fits():
     r = CliRunner().invoke(cli, TOY + ["--policy", "memo", "--alpha", "0.3", "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["runner_up"] is None
+    assert json.loads(r.stdout)["runner_up"] is None
 
 
 def test_a_runner_up_as_fast_as_the_best_gives_up_none_not_minus_zero():
@@ -80,7 +80,7 @@ def test_a_fitting_answer_names_the_faster_plan_expandable_segments_would_fit():
     PyTorch's one-flag fix only when nothing fit (a review)."""
     r = CliRunner().invoke(cli, EXPANDABLE + ["--json"])
     assert r.exit_code == 0, r.output
-    answer = json.loads(r.output)
+    answer = json.loads(r.stdout)
     x = answer["faster_with_expandable_segments"]
     assert x is not None and x["flag"] == "--alloc-conf expandable_segments:True" and "-expandable" in x["label"]
     assert x["tgs_tokens_per_gpu_s"] > 1.2 * x["best_analytic_tgs_tokens_per_gpu_s"]

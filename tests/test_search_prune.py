@@ -121,7 +121,7 @@ def test_whatif_reports_simulated_and_skipped(tmp_path):
             "--policy", "memo", "--policy", "store_all"]
     r = CliRunner().invoke(cli, args + ["--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
-    t = json.loads(r.output)["tier2"]
+    t = json.loads(r.stdout)["tier2"]
     assert t["mode"] == "bound" and t["simulated"] + t["skipped_by_bound"] >= t["fitting"] > 0
     r = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert r.exit_code == 0 and "skipped by a proved bound" in r.output
@@ -188,7 +188,7 @@ def test_equal_throughput_ranks_by_lower_peak():
     simulate to the same throughput (ZeRO 3 beside ZeRO 2, MEMO's static plan beside the caching allocator)."""
     r = CliRunner().invoke(cli, ["whatif", "--no-plan", "--json"])
     assert r.exit_code == 0, r.output[-2000:]
-    rows = [c for c in json.loads(r.output)["candidates"] if c["status"] == "OK" and c["tier"] == "simulated"]
+    rows = [c for c in json.loads(r.stdout)["candidates"] if c["status"] == "OK" and c["tier"] == "simulated"]
     ties = 0
     for a, b in zip(rows, rows[1:]):
         if a["simulated_tgs_tokens_per_gpu_s"] == b["simulated_tgs_tokens_per_gpu_s"]:

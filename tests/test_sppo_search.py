@@ -81,7 +81,7 @@ def test_whatif_simulate_and_sweep_subseqs(tmp_path):
     common = ["--model", "gpt-7b", "--layers", "8", "--gpus", "8", "--seq", "128K", "--profile", "a100-sxm4-80gb"]
     r = run(["whatif", *common, "--policy", "sppo", "--json", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    obj = json.loads(r.output)
+    obj = json.loads(r.stdout)
     sm = obj["sppo"]
     assert sm["heuristic"] and sm["best"] and sm["space_size"] >= sm["solved_points"] > 0
     assert 0 < sm["heuristic_tgs_fraction_of_best"] <= 1 + 1e-9
@@ -113,7 +113,7 @@ def test_whatif_fixed_pipeline_flags(tmp_path):
     r = run(["whatif", "--model", "gpt-7b", "--layers", "8", "--gpus", "8", "--seq", "64K", "--profile",
              "a100-sxm4-80gb", "--pp", "4", "--subseqs", "4", "--tp", "2", "--json", "--no-plan"])
     assert r.exit_code == 0, r.output
-    cands = json.loads(r.output)["candidates"]
+    cands = json.loads(r.stdout)["candidates"]
     assert cands and all(c["layout_degrees"]["pp"] == 4 and c["sppo"]["subseqs"] == 4 for c in cands)
     r = CliRunner().invoke(cli, ["whatif", "--gpus", "8", "--seq", "64K", "--pp", "3", "--no-plan"])
     assert r.exit_code == 2 and "error:" in r.output
@@ -124,7 +124,7 @@ def test_whatif_fixed_pipeline_flags(tmp_path):
     r = CliRunner().invoke(cli, ["whatif", "--gpus", "8", "--seq", "64K", "--pp", "2", "--policy", "memo",
                                  "--json", "--no-plan", "--simulate-top", "0"])
     assert r.exit_code == 0, r.output
-    assert {c["schedule"] for c in json.loads(r.output)["candidates"]} == {"1f1b", "interleaved_1f1b"}
+    assert {c["schedule"] for c in json.loads(r.stdout)["candidates"]} == {"1f1b", "interleaved_1f1b"}
 
 
 def test_plan_file_round_trip_and_bad_sppo_fields(tmp_path):

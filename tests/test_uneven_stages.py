@@ -81,7 +81,7 @@ def test_uneven_pipeline_is_searched_and_fixed_by_megatrons_options(tmp_path):
             "h100-sxm5-80gb", "--pp", "2", "--policy", "full_recompute", "--json"]
     r = CliRunner().invoke(cli, [*base, "--no-plan"])
     assert r.exit_code == 0, r.output[-2000:]
-    rows = json.loads(r.output)["candidates"]
+    rows = json.loads(r.stdout)["candidates"]
     # 7 layers over 2 stages: 3 + 4 and, since a review (2026-11-30), 4 + 3 too
     assert rows and {c["layout_degrees"]["first_stage_layers"] for c in rows if c["pp"] == 2} == {3, 4}
     r = CliRunner().invoke(cli, [*base, "--decoder-first-pipeline-num-layers", "4", "--out", str(tmp_path)])
@@ -115,7 +115,7 @@ def test_llama_405b_pp16_on_16k_gpus_in_seconds():
                                  "megatron", "--no-plan", "--json"])
     cpu, wall = _cpu_seconds() - c0, time.perf_counter() - t0
     assert r.exit_code == 0, r.output[-2000:]
-    best = json.loads(r.output)["candidates"][0]
+    best = json.loads(r.stdout)["candidates"][0]
     # uneven stages: 1F1B with 7-layer end stages, or interleaved chunks with the embedding and loss slots
     assert best["status"] == "OK" and ("pp16f7l7" in best["layout"] or "el" in best["layout"].split("-")[2])
     assert best["simulated_status"] == "OK"
@@ -143,14 +143,14 @@ def test_plans_and_programs_are_held_to_the_rules(tmp_path):
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "7", "--gpus", "8", "--seq", "8K",
                                  "--profile", "h100-sxm5-80gb", "--pp", "2", "--framework", "megatron@2023",
                                  "--no-plan", "--json"])
-    assert r.exit_code != 0 or all("f3" not in c["layout"] for c in json.loads(r.output)["candidates"])
+    assert r.exit_code != 0 or all("f3" not in c["layout"] for c in json.loads(r.stdout)["candidates"])
     # the flags alone ask for the pipeline (no --pp needed)
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "7", "--gpus", "8", "--seq", "8K",
                                  "--profile", "h100-sxm5-80gb", "--decoder-first-pipeline-num-layers", "3",
                                  "--policy", "full_recompute", "--no-plan", "--json"])
     assert r.exit_code == 0, r.output[-2000:]
     assert any(c["pp"] > 1 and c["layout_degrees"].get("first_stage_layers") == 3
-               for c in json.loads(r.output)["candidates"])
+               for c in json.loads(r.stdout)["candidates"])
 
 
 def test_interleaved_pipelines_split_uneven_chunks():

@@ -58,7 +58,7 @@ def test_cpu_calibrate_plan_run_compare(tmp_path, cpu_validation):
                                      "--vocab", "500", "--dtype", "fp32", "--seq", "512", "--gpus", "1",
                                      "--profile", str(prof), "--json", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["candidates"][0]["status"] == "OK"
+    assert json.loads(r.stdout)["candidates"][0]["status"] == "OK"
     assert (tmp_path / "plan.json").exists()
     # several plans run and compared with the simulator's predictions (the fixture)
     assert val.exit_code == 0, val.output

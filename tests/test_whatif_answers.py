@@ -14,7 +14,7 @@ from memo_sim.cli import cli
 def _json(args):
     r = CliRunner().invoke(cli, ["whatif", "--json", "--no-plan", "--jobs", "1", *args])
     assert r.exit_code in (0, 3), r.output[-800:]
-    return json.loads(r.output)
+    return json.loads(r.stdout)
 
 
 def test_tp_means_megatron_tp_unless_tp_mode_says_otherwise():
