@@ -286,7 +286,7 @@ def test_the_readme_says_the_whatif_writes_pipeline_plans(tmp_path):
 
     r = CliRunner().invoke(sim_cli, ["whatif", "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "512",
                                      "--dtype", "fp32", "--seq", "512", "--gpus", "2", "--pp", "2", "--policy",
-                                     "memo", "--out", str(tmp_path / "pp2")])
+                                     "memo", "--jobs", "1", "--out", str(tmp_path / "pp2")])
     assert r.exit_code == 0, r.output[-2000:]
     plan = read_plan(tmp_path / "pp2" / "plan.json")
     assert plan.schedule in ("1f1b", "interleaved_1f1b") and plan.layout.pp == 2

@@ -50,12 +50,13 @@ def test_policy_the_framework_lacks_is_a_clear_error():
 
 
 def test_whatif_compares_the_framework_with_memo(tmp_path):
+    # --pp 1: the full search's two bests (tp1-uly8-z3 full_recompute; memo's tp1-uly8-z3 memo) have no pipeline
     r = CliRunner().invoke(cli, ["whatif", "--seq", "512K", "--framework", "megatron", "--simulate-top", "1",
-                                 "--out", str(tmp_path)])
+                                 "--pp", "1", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert "megatron's best:" in r.output and "memo's best:" in r.output
     r = CliRunner().invoke(cli, ["whatif", "--seq", "512K", "--framework", "megatron", "--simulate-top", "1",
-                                 "--json", "--no-plan"])
+                                 "--pp", "1", "--json", "--no-plan"])
     obj = json.loads(r.stdout)
     assert obj["framework"] == "megatron" and obj["memo_best"]["policy"] == "memo"
 
@@ -63,9 +64,10 @@ def test_whatif_compares_the_framework_with_memo(tmp_path):
 @pytest.mark.parametrize("policy", ["full_recompute", "memo"])
 def test_maxseq_equals_a_linear_scan(policy):
     step = 256 * K
-    ans = max_seq(M7, 8, A800, policy, step=step, simulate=False)
+    # single-stage layouts (pp 1): the same answers and binding lines as the whole search's, at a fifth of the cost
+    ans = max_seq(M7, 8, A800, policy, step=step, simulate=False, fixed={"pp": 1})
     k = 1
-    while _fits(_ranked(M7, k * step, 8, A800, policy, "any")):
+    while _fits(_ranked(M7, k * step, 8, A800, policy, "any", fixed={"pp": 1})):
         k += 1
     assert ans.max_seq == (k - 1) * step and ans.next_seq == k * step
     # a memory plan's replay names the fragmentation of what memo-exec leaves to the caching allocator (h1 review)
@@ -78,7 +80,8 @@ def test_maxseq_equals_a_linear_scan(policy):
 
 
 def test_maxseq_command(tmp_path):
-    r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "memo", "--json"])
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "memo", "--json",
+                                 "--pp", "1"])  # the full search's answer (2.625M, tp8+metp) has no pipeline
     assert r.exit_code == 0, r.output
     (a,) = json.loads(r.stdout)["answers"]
     assert a["max_seq_tokens"] >= 1024 * K and 0 < a["mfu"] < 1 and a["binding"]
@@ -90,7 +93,7 @@ def test_maxseq_with_a_framework_on_a_dense_model_tries_the_policies_that_price_
     """Megatron's policies include MoE-only ones (recompute_norm_act, recompute_moe): maxseq on a dense
     model tried them and stopped with 'rebuilds MoE tensors' though no --policy was given (a user's review)."""
     r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--framework", "megatron",
-                                 "--step", "64K", "--json"])
+                                 "--step", "64K", "--json", "--pp", "1"])  # each policy's answer as without --pp 1
     assert r.exit_code == 0, r.output
     pols = {a["policy"] for a in json.loads(r.stdout)["answers"]}
     assert pols and not pols & {"recompute_norm_act", "recompute_moe"}, pols
@@ -189,14 +192,16 @@ def test_maxseq_of_a_caching_allocator_baseline_is_decided_by_reserved_memory():
 
 
 def test_maxseq_allocator_both_answers_side_by_side():
+    # --zero 1: the three answers' layout of the whole search (tp4+sp-cp2-z1), with the same lengths
     r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "full_recompute",
                                  "--policy", "memo", "--framework", "memo-paper", "--step", "64K",
-                                 "--allocator", "both", "--json"])
+                                 "--allocator", "both", "--zero", "1", "--json"])
     assert r.exit_code == 0, r.output
     got = [(a["policy"], a["allocator"]) for a in json.loads(r.stdout)["answers"]]
     assert got == [("full_recompute", "caching"), ("full_recompute", "plan"), ("memo", "caching")]
     text = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-7b", "--gpus", "8", "--policy", "full_recompute",
-                                    "--framework", "memo-paper", "--step", "64K", "--allocator", "both"]).output
+                                    "--framework", "memo-paper", "--step", "64K", "--allocator", "both",
+                                    "--zero", "1"]).output
     assert "full_recompute (caching allocator)" in text and "full_recompute (memory plan)" in text
     bad = CliRunner().invoke(cli, ["maxseq", "--allocator", "arena"])
     assert bad.exit_code == 2 and "--allocator" in bad.output
@@ -221,7 +226,8 @@ def test_maxseq_quotes_a_length_whose_best_plan_the_simulator_runs():
     in the simulator): maxseq's longest length comes with a simulated best plan and its MFU, never a plan the
     what-if at that length would answer 'nothing fits' for."""
     h100 = load_profile("h100-sxm5-80gb")
-    ans = max_seq(get_model("qwen3-30b-a3b"), 8, h100, "full_recompute", step=32 * K)
+    # single stage (pp 1): the answer, its simulated best plan and what binds are the full search's
+    ans = max_seq(get_model("qwen3-30b-a3b"), 8, h100, "full_recompute", step=32 * K, fixed={"pp": 1})
     assert ans.max_seq is not None and ans.best is not None
     assert ans.best.simulated and ans.best.simulated["status"] == "OK" and ans.best.simulated["mfu"] > 0
     assert ans.next_seq == ans.max_seq + 32 * K
@@ -230,13 +236,14 @@ def test_maxseq_quotes_a_length_whose_best_plan_the_simulator_runs():
 def test_memo_side_beside_a_framework_names_the_framework_recipe():
     """memo's best beside --framework deepspeed keeps DeepSpeed's 16-bit gradients (not memo's fp32 main ones),
     so its number is not the plain what-if's: the line says so; beside megatron (the same recipe) it says nothing."""
+    # store_all without pipelines: both sides' bests of the full search (tp1-uly4-dp2-z3 store_all), found cheaply
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "32K", "--framework",
-                                 "deepspeed", "--simulate-top", "1", "--no-plan"])
+                                 "deepspeed", "--simulate-top", "1", "--no-plan", "--policy", "store_all", "--pp", "1"])
     assert r.exit_code == 0, r.output
     line = next(x for x in r.output.splitlines() if x.startswith("deepspeed's best:"))
     assert "memo's best (with deepspeed's model states, ZeRO paper" in line and "memo prices megatron's" in line
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "32K", "--framework",
-                                 "megatron", "--simulate-top", "1", "--no-plan"])
+                                 "megatron", "--simulate-top", "1", "--no-plan", "--policy", "store_all", "--pp", "1"])
     line = next(x for x in r.output.splitlines() if x.startswith("megatron's best:"))
     assert "memo's best: " in line and "model states" not in line
 
@@ -326,7 +333,8 @@ def test_the_binding_line_names_the_host_where_pinned_memory_is_over_too():
     far over the host's pinned memory, and a layout over the host was said to 'fit, as on a static memory plan' on
     allocated bytes (a user's review); every line at the next step names the host where it is over."""
     r = CliRunner().invoke(cli, ["maxseq", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "h100-sxm5-80gb",
-                                 "--allocator", "both", "--step", "32K", "--jobs", "1", "--policy", "full_offload"])
+                                 "--allocator", "both", "--step", "32K", "--jobs", "1", "--policy", "full_offload",
+                                 "--pp", "1"])  # the answer, the least over and the review's layout: single stage
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "as on a static memory plan" not in text, text
@@ -338,8 +346,10 @@ def test_the_binding_line_names_the_host_where_pinned_memory_is_over_too():
 def test_maxseq_takes_the_caching_allocators_settings():
     """`--alloc-conf expandable_segments:True` reaches maxseq's search as the what-if's does (maxseq had no such
     option: 'the longest length with expandable segments' had no answer but --framework torchtitan's)."""
+    # --pp 1 --zero 3: both answers' layouts of the full search (1.28125M, tp4+metp_ffn-cp2-z3; 1.34375M,
+    # tp4+metp_ffn-uly2-z3-expandable), found in a narrower one
     args = ["maxseq", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "h100-sxm5-80gb", "--step", "32K",
-            "--jobs", "1", "--policy", "full_recompute", "--json"]
+            "--jobs", "1", "--pp", "1", "--zero", "3", "--policy", "full_recompute", "--json"]
     plain = json.loads(CliRunner().invoke(cli, args).output)
     r = CliRunner().invoke(cli, [*args, "--alloc-conf", "expandable_segments:True"])
     exp = json.loads(r.stdout)

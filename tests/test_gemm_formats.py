@@ -146,7 +146,8 @@ def test_torchtitans_float8_rowwise_plans_a_mixture_of_experts_and_a_dense_model
     (Float8GroupedExpertsConverter, deepseek_v3_671b_float8's): both kinds plan in fp8-rowwise (an earlier version of
     this session refused the MoE on a misreading of float8.py; a review found the grouped converter)."""
     base = ["whatif", "--gpus", "16", "--seq", "4K", "--no-plan", "--profile", "h100-sxm5-80gb", "--framework",
-            "torchtitan", "--precision", "fp8-rowwise", "--jobs", "1", "--simulate-top", "1"]
+            "torchtitan", "--precision", "fp8-rowwise", "--jobs", "1", "--simulate-top", "1",
+            "--pp", "1", "--policy", "store_all"]  # no pipeline, one policy: the format is planned, not the search
     for model in ("qwen3-30b-a3b", "llama-3.1-8b"):
         r = _invoke(base + ["--model", model, "--layers", "2"])
         assert r.exit_code == 0 and "fp8-rowwise GEMMs" in r.output, r.output
@@ -424,7 +425,8 @@ def test_nvfp4_plan_exports_megatrons_fp4_options_and_the_executor_refuses_it(tm
     from memo_sim.plan.executor_scope import gemm_why_not
 
     r = _invoke(["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "8K", "--profile", "b200-180gb",
-                 "--precision", "nvfp4", "--framework", "megatron", "--out", str(tmp_path)])
+                 "--precision", "nvfp4", "--framework", "megatron", "--out", str(tmp_path),
+                 "--pp", "1", "--policy", "store_all", "--simulate-top", "1"])  # the search's best plan, found alone
     assert r.exit_code == 0, r.output
     plan = read_plan(tmp_path / "plan.json")
     assert plan.model.gemm_format == "nvfp4"

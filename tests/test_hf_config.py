@@ -193,7 +193,9 @@ def test_whatif_on_a_config_equals_the_preset(tmp_path):
 
     shutil.copytree(HF / "llama-3.1-8b", tmp_path / "llama-3.1-8b")
     runner = CliRunner()
-    args = ["whatif", "--gpus", "8", "--seq", "128K", "--json", "--no-plan", "--simulate-top", "2", "--jobs", "1"]
+    # single-stage layouts only (--pp 1): every row of that search is compared, the pipelines' search is not the point
+    args = ["whatif", "--gpus", "8", "--seq", "128K", "--json", "--no-plan", "--simulate-top", "2", "--jobs", "1",
+            "--pp", "1"]
     a = runner.invoke(main, args + ["--model", str(tmp_path / "llama-3.1-8b" / "config.json")])
     b = runner.invoke(main, args + ["--model", "llama-3.1-8b"])
     assert a.exit_code == 0 and b.exit_code == 0, a.output + b.output
@@ -238,7 +240,7 @@ def test_presets_answer_to_hugging_face_spellings_and_an_fp32_config_says_its_dt
     (tmp_path / "q").mkdir()
     (tmp_path / "q" / "config.json").write_text(json.dumps({**raw, "torch_dtype": "float32"}))
     r = CliRunner().invoke(main, ["whatif", "--model", str(tmp_path / "q"), "--gpus", "8", "--seq", "4K", "--no-plan",
-                                  "--jobs", "1", "--simulate-top", "1"])
+                                  "--jobs", "1", "--simulate-top", "1", "--pp", "1"])  # the answer is single stage
     assert r.exit_code == 0 and "fp32 training (--dtype bf16 plans bf16)" in r.output.splitlines()[1], r.output
 
 

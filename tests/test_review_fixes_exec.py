@@ -23,20 +23,42 @@ def _cli(tool: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=300)
 
 
+def _in_process(tool: str, *args: str):
+    """``tool`` (memo_sim or memo_exec) run in this process through click's runner, as its console script runs it
+    (``cli.main(prog_name=...)``): for what-ifs that only write a plan, and refusals whose words are checked (not the
+    count of stderr's lines, which a subprocess shows whole)."""
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    if tool == "memo_sim":
+        from memo_sim.cli import cli  # noqa: PLC0415
+    else:
+        from memo_exec.cli import cli  # noqa: PLC0415
+    return CliRunner().invoke(cli, list(args), prog_name=tool.replace("memo_", "memo-"))
+
+
 def _whatif(tmp_path, *args: str) -> dict:
-    r = _cli("memo_sim", "whatif", *TOY, *args, "--json", "--out", str(tmp_path / "plan"))
-    assert r.returncode == 0, r.stderr
+    # --jobs 1: no worker processes forked from the test's process (the results are the serial run's either way)
+    r = _in_process("memo_sim", "whatif", *TOY, *args, "--json", "--jobs", "1", "--out", str(tmp_path / "plan"))
+    assert r.exit_code == 0, r.output
     return json.loads(r.stdout)
 
 
-def test_whatif_says_executor_refuses_sppo_with_tp(tmp_path):
-    doc = _whatif(tmp_path, "--gpus", "4", "--pp", "2", "--tp", "2", "--policy", "sppo", "--subseqs", "4")
+@pytest.fixture(scope="module")
+def sppo_tp_whatif(tmp_path_factory) -> tuple[dict, object]:
+    """One what-if of SPPO with TP 2 over pp 2 (its JSON and its folder), read by the two tests below."""
+    tmp = tmp_path_factory.mktemp("sppo_tp")
+    doc = _whatif(tmp, "--gpus", "4", "--pp", "2", "--tp", "2", "--policy", "sppo", "--subseqs", "4")
+    return doc, tmp
+
+
+def test_whatif_says_executor_refuses_sppo_with_tp(sppo_tp_whatif):
+    doc, _ = sppo_tp_whatif
     assert "tp = 2 under schedule sppo" in (doc["executor_refuses"] or "")
 
 
-def test_exec_run_refuses_sppo_with_tp_before_nproc_advice(tmp_path):
-    _whatif(tmp_path, "--gpus", "4", "--pp", "2", "--tp", "2", "--policy", "sppo", "--subseqs", "4")
-    r = _cli("memo_exec", "run", str(tmp_path / "plan" / "plan.json"), "--device", "cpu", "--out",
+def test_exec_run_refuses_sppo_with_tp_before_nproc_advice(sppo_tp_whatif, tmp_path):
+    _, plan_dir = sppo_tp_whatif
+    r = _cli("memo_exec", "run", str(plan_dir / "plan" / "plan.json"), "--device", "cpu", "--out",
              str(tmp_path / "o"))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
@@ -81,16 +103,16 @@ def test_alloc_conf_on_cpu_is_said_in_one_line(tmp_path):
     (("--ep", "2"), "--ep needs a MoE model", "give --dp"),
 ])
 def test_validate_suggests_what_it_accepts(tmp_path, args, want, not_want):
-    r = _cli("memo_exec", "validate", "--profile", PROFILE, "--device", "cpu", *args, "--out",
-             str(tmp_path / "v"))
-    assert r.returncode == 2
+    r = _in_process("memo_exec", "validate", "--profile", PROFILE, "--device", "cpu", *args, "--out",
+                    str(tmp_path / "v"))
+    assert r.exit_code == 2
     assert want in r.stderr and not_want not in r.stderr
 
 
 def test_trace_names_only_the_reason_that_applies(tmp_path):
     _whatif(tmp_path, "--gpus", "2", "--pp", "2", "--policy", "store_all")
-    r = _cli("memo_exec", "trace", str(tmp_path / "plan" / "plan.json"), "--out", str(tmp_path / "t.json"))
-    assert r.returncode == 2
+    r = _in_process("memo_exec", "trace", str(tmp_path / "plan" / "plan.json"), "--out", str(tmp_path / "t.json"))
+    assert r.exit_code == 2
     assert "pp = 2 is not traced" in r.stderr and "tp_mode" not in r.stderr
 
 
@@ -150,7 +172,7 @@ def test_plan_policy_messages_name_the_field_and_a_fix(tmp_path):
 
     out = _Runner().invoke(_sim, ["whatif", "--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "512",
                                   "--seq", "1K", "--gpus", "1", "--policy", "memo", "--profile", "a800-80gb",
-                                  "--out", str(tmp_path / "w")])
+                                  "--jobs", "1", "--out", str(tmp_path / "w")])
     assert out.exit_code == 0, out.output
     plan = _json.loads((tmp_path / "w" / "plan.json").read_text())
     plan["policy"]["alpha"] = None

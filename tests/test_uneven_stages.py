@@ -78,7 +78,7 @@ def test_uneven_1f1b_simulated_within_its_bound_and_estimate(policy):
 
 def test_uneven_pipeline_is_searched_and_fixed_by_megatrons_options(tmp_path):
     base = ["whatif", "--model", "llama-3.1-8b", "--layers", "7", "--gpus", "8", "--seq", "8K", "--profile",
-            "h100-sxm5-80gb", "--pp", "2", "--policy", "full_recompute", "--json"]
+            "h100-sxm5-80gb", "--pp", "2", "--policy", "full_recompute", "--json", "--jobs", "1"]
     r = CliRunner().invoke(cli, [*base, "--no-plan"])
     assert r.exit_code == 0, r.output[-2000:]
     rows = json.loads(r.stdout)["candidates"]
@@ -142,12 +142,12 @@ def test_plans_and_programs_are_held_to_the_rules(tmp_path):
         sim(twelve, Layout(dp=8, optimizer_offload=True), 1, 4096, get_policy("store_all", None), H100)
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "7", "--gpus", "8", "--seq", "8K",
                                  "--profile", "h100-sxm5-80gb", "--pp", "2", "--framework", "megatron@2023",
-                                 "--no-plan", "--json"])
+                                 "--no-plan", "--json", "--jobs", "1"])
     assert r.exit_code != 0 or all("f3" not in c["layout"] for c in json.loads(r.stdout)["candidates"])
     # the flags alone ask for the pipeline (no --pp needed)
     r = CliRunner().invoke(cli, ["whatif", "--model", "llama-3.1-8b", "--layers", "7", "--gpus", "8", "--seq", "8K",
                                  "--profile", "h100-sxm5-80gb", "--decoder-first-pipeline-num-layers", "3",
-                                 "--policy", "full_recompute", "--no-plan", "--json"])
+                                 "--policy", "full_recompute", "--no-plan", "--json", "--jobs", "1"])
     assert r.exit_code == 0, r.output[-2000:]
     assert any(c["pp"] > 1 and c["layout_degrees"].get("first_stage_layers") == 3
                for c in json.loads(r.stdout)["candidates"])
@@ -203,7 +203,7 @@ def test_one_slot_chunks_are_planned_simulated_and_run(tmp_path):
     r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--layers", "2", "--hidden", "64", "--heads", "4",
                                  "--ffn", "128", "--vocab", "128", "--seq", "256", "--gpus", "2", "--pp", "2", "--vpp",
                                  "2", "--dtype", "fp32", "--profile", "h100-sxm5-80gb", "--global-batch", "4",
-                                 "--micro-batch", "1", "--policy", "store_all", "--out", str(tmp_path)])
+                                 "--micro-batch", "1", "--policy", "store_all", "--jobs", "1", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["layout"]["account_embedding_loss"] and (plan["layout"]["pp"], plan["layout"]["vpp"]) == (2, 2)
@@ -228,7 +228,7 @@ def test_a_rank_without_a_layer_runs_under_nproc(tmp_path):
                                  "--ffn", "128", "--vocab", "128", "--seq", "256", "--gpus", "2", "--pp", "2",
                                  "--pipeline-model-parallel-layout", "E|t*2L", "--dtype", "fp32", "--profile",
                                  "h100-sxm5-80gb", "--global-batch", "2", "--micro-batch", "1", "--policy", "store_all",
-                                 "--out", str(tmp_path)])
+                                 "--jobs", "1", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "plan.json").read_text())["layout"]["chunk_layers"] == [0, 2]
     run = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "plan.json"), "--device", "cpu", "--nproc", "2",

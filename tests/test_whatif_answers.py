@@ -33,8 +33,17 @@ def test_the_best_row_says_what_binds_for_every_policy(policy):
     assert "GPU memory" in best["binding"] or "alpha" in best["binding"]
 
 
-def test_train_tokens_become_days_and_gpu_hours():
-    d = _json(["--seq", "64K", "--simulate-top", "1", "--train-tokens", "300B"])
+# one what-if for the two tests below: the profile's provenance (h100) and the token budget (any profile's plan)
+H100_64K = ["--seq", "64K", "--simulate-top", "1", "--profile", "h100-sxm5-80gb", "--train-tokens", "300B"]
+
+
+@pytest.fixture(scope="module")
+def h100_64k():
+    return _json(H100_64K)
+
+
+def test_train_tokens_become_days_and_gpu_hours(h100_64k):
+    d = h100_64k
     best = d["candidates"][0]
     seconds = 300e9 / (best["simulated_tgs_tokens_per_gpu_s"] * d["gpus"])
     assert d["train_tokens"] == 300_000_000_000
@@ -57,7 +66,7 @@ def test_a_pipeline_plan_with_ring_cp_is_one_the_executor_runs():
     assert executor_stage_limit(Layout(pp=2, dp=2, zero=3, dp_mode="fsdp", reshard_after_forward=False)) is None
 
 
-def test_every_answer_says_how_its_profile_was_obtained(tmp_path):
+def test_every_answer_says_how_its_profile_was_obtained(tmp_path, h100_64k):
     """[answers] provenance: the built-in profiles say they are not calibrated and how their numbers
     were obtained; a profile memo-exec calibrate wrote says where and when it was measured."""
     from memo_sim.profile.loader import load_profile
@@ -65,7 +74,7 @@ def test_every_answer_says_how_its_profile_was_obtained(tmp_path):
     for name in ("a800-80gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-141gb"):
         p = load_profile(name)
         assert not p.calibrated and p.provenance_line().startswith("not calibrated (")
-    d = _json(["--seq", "64K", "--simulate-top", "1", "--profile", "h100-sxm5-80gb"])
+    d = h100_64k  # --seq 64K --simulate-top 1 --profile h100-sxm5-80gb (with a token budget, which it does not read)
     assert d["profile_provenance"]["calibrated"] is False
     assert "curves measured on a single Hopper GPU" in d["profile_provenance"]["line"]
     r = CliRunner().invoke(cli, ["whatif", "--seq", "64K", "--no-plan", "--simulate-top", "1", "--jobs", "1"])
