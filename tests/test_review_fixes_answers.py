@@ -158,7 +158,6 @@ def test_whatif_on_a_rack_says_the_length_limits_the_split():
     assert "--gpus 64 (" in first and "--seq 1008K (" in first
 
 
-@pytest.mark.slow  # ~20 s on the CI VM: split_binding's longest-multiple search over a 72-GPU rack
 def test_maxseq_on_a_rack_says_the_length_limits_the_split():
     """[review 4] maxseq's binding at 256K (recompute_mlp, 72 GPUs): the split limit and a checked fix."""
     from memo_sim.model import get_model

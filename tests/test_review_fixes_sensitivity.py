@@ -5,7 +5,6 @@ under a perturbation are simulated (copies) and compared, and past `CHALLENGERS`
 
 from __future__ import annotations
 
-import pytest
 from click.testing import CliRunner
 
 from memo_sim.cli import cli
@@ -41,7 +40,6 @@ def test_a_challenger_left_unsimulated_makes_it_may_change(monkeypatch):
     assert "stays best with" in line and "network bandwidth ±50%" not in line
 
 
-@pytest.mark.slow  # ~25 s on the CI VM: its --simulate-top all search
 def test_the_runner_up_says_when_second_place_is_not_proved():
     """The bound search proves the answer only (a review: runner-up #2 at 18,977 tokens/GPU/s simulated while a plan
     it skipped ran 19,009 when simulated): the line says so, and counts the plans that could lie between."""
