@@ -190,6 +190,20 @@ class Sppo(Policy):
         sk = skeletal_bytes(model, shard, batch, tokens)
         return sk["total"] - (kv_cache_bytes(model, shard, batch, tokens) if cached_kv else 0.0)
 
+    def subsequence_offloadable(self, model: ModelConfig, layout: Layout, batch: int) -> list[float]:
+        """A_i of every subsequence, the bytes per layer and GPU its units copy to host at alpha_i = 1, which
+        alpha_i·A_i = M_threshold splits (`memo_sim.search.sppo`): the offloadable bytes with K and V cached, and for
+        the last subsequence also the K and V of the stage's last piece, which no later piece reads and which its
+        units offload with the other rows (module docs; the executor's `memo_exec.sppo.kvcache`). Unmultiplexed, that
+        piece is the whole last subsequence; multiplexed, the last of its parts (the largest of any stage)."""
+        shard = stage_gpu_shard(layout)
+        tokens = [self.bounds[i + 1] - self.bounds[i] for i in range(self.subseqs)]
+        out = [self.offloadable_bytes(model, layout, batch, t) for t in tokens]
+        if out:
+            last = max(pieces[-1].tokens for pieces in self.stage_pieces(model, layout, batch))
+            out[-1] += kv_cache_bytes(model, shard, batch, last)
+        return out
+
     # -- naming and the plan file ----------------------------------------------------------------------
     def label(self) -> str:
         return f"sppo(N={self.subseqs}{',mux' if self.multiplex else ''}{',len' if self.partition == 'length' else ''})"

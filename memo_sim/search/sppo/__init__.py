@@ -2,7 +2,9 @@
 solver of the paper's section 6.1 and an exhaustive search over the same space.
 
 **Offload ratios** (`solve_alphas`, paper sec. 5.2): alpha_i·A_i = M_threshold with A_i subsequence
-i's offloadable bytes per layer and GPU (its skeletal bytes less the cached K/V). The threshold
+i's offloadable bytes per layer and GPU (its skeletal bytes less the cached K/V; the last
+subsequence's K/V, which no later piece reads, go to host with its other rows and count in its
+A_i: `Sppo.subsequence_offloadable`). The threshold
 is first the overlap one, M_threshold = B·(T_min − latency) with B one GPU's share of the host
 links while every GPU of the node copies and T_min the shortest per-layer forward of a
 subsequence (so every unit's copy hides under the next unit's compute). Where the stage then

@@ -24,11 +24,6 @@ from memo_sim.search.sppo.points import AlphaChoice
 
 
 # ------------------------------------------------------------------------------------------ alphas
-def _subseq_tokens(policy: Sppo) -> list[int]:
-    b = policy.bounds
-    return [b[i + 1] - b[i] for i in range(policy.subseqs)]
-
-
 def overlap_threshold(model: ModelConfig, layout: Layout, batch: int, policy: Sppo, profile: HardwareProfile,
                       active: int | None = None) -> float:
     """M_threshold = B·(T_min − latency): the bytes one unit may copy while the shortest
@@ -47,7 +42,7 @@ def solve_alphas(model: ModelConfig, layout: Layout, batch: int, seq: int, polic
     """The sequence-aware offload ratios for ``policy``'s partition (module docs). Where no
     threshold satisfies both the GPU and the host, the plan returned fails on the one that the
     other's limit forces past capacity."""
-    a_i = [policy.offloadable_bytes(model, layout, batch, t) for t in _subseq_tokens(policy)]
+    a_i = policy.subsequence_offloadable(model, layout, batch)
     top = max(a_i) if a_i else 0.0
 
     def at(m: float) -> tuple[Sppo, PipelineMemory]:

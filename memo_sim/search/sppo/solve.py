@@ -18,7 +18,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.sppo import Sppo
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.search.sppo.alphas import _subseq_tokens, overlap_threshold, solve_alphas
+from memo_sim.search.sppo.alphas import overlap_threshold, solve_alphas
 from memo_sim.search.sppo.estimate import _active, estimate_sppo
 from memo_sim.search.sppo.grid import search_points
 from memo_sim.search.sppo.points import (
@@ -100,7 +100,7 @@ def _overlap_alphas(model: ModelConfig, shard: Layout, active: int, batch: int, 
     caller knows it), memoised like `_partition`: the threshold depends on the shard, the bounds
     and how many GPUs of a node copy at once."""
     m = overlap_threshold(model, shard, batch, pol, profile, active) if threshold is None else threshold
-    a_i = [pol.offloadable_bytes(model, shard, batch, t) for t in _subseq_tokens(pol)]
+    a_i = pol.subsequence_offloadable(model, shard, batch)
     return replace(pol, alphas=sequence_aware_alphas(a_i, m), threshold_bytes=m)
 
 
