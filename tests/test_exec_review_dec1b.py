@@ -25,26 +25,29 @@ def tp2_plan(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cp2_plan(tmp_path_factory):
-    """MEMO on ring CP 2: a split layer whose memory plan the ranks do not follow (`split_layer_why`; the review's
-    tp-2 plan is followed since h4, tests/test_dist_exec_split_arena.py)."""
+def metp_plan(tmp_path_factory):
+    """MEMO on METP tp 2: a split layer whose memory plan the ranks do not follow (`split_layer_why`: METP's rings
+    have no meta-device dry run; the review's plan was ring CP 2, followed since h1 (2026-12-02,
+    tests/test_dist_exec_cp_ulysses_arena.py), as the review's tp-2 plan is since h4,
+    tests/test_dist_exec_split_arena.py)."""
     from memo_sim.cli import cli as sim
 
-    out = tmp_path_factory.mktemp("cp2toy")
-    r = CliRunner().invoke(sim, ["whatif", *TOY, "--gpus", "2", "--cp", "2", "--policy", "memo", "--out", str(out)])
+    out = tmp_path_factory.mktemp("metp2toy")
+    r = CliRunner().invoke(sim, ["whatif", *TOY, "--gpus", "2", "--tp", "2", "--tp-mode", "metp", "--policy", "memo",
+                                 "--out", str(out)])
     assert r.exit_code == 0, r.output
     return out / "plan.json"
 
 
 # ---------------------------------------------------------------- 1. the memory plan not followed, said at start
-def test_a_split_layers_memory_plan_not_followed_is_said_at_the_start_of_run(cp2_plan, monkeypatch):
+def test_a_split_layers_memory_plan_not_followed_is_said_at_the_start_of_run(metp_plan, monkeypatch):
     from memo_exec import cli
     from memo_exec.distributed import launch
     from memo_exec.distributed.runner import memory_plan_not_followed
 
-    plan = read_plan(cp2_plan)
+    plan = read_plan(metp_plan)
     line = memory_plan_not_followed(plan)
-    assert line and "cp 2" in line and "not followed" in line and "no fragmentation" in line
+    assert line and "tp 2 (tp_mode metp)" in line and "not followed" in line and "no fragmentation" in line
     assert "\n" not in line and "may exceed" in line
     assert memory_plan_not_followed(plan, use_memory_plan=False) is None
     started = []
@@ -54,11 +57,11 @@ def test_a_split_layers_memory_plan_not_followed_is_said_at_the_start_of_run(cp2
         return 1, ""
 
     monkeypatch.setattr(launch, "launch_nproc", launched)
-    r = CliRunner().invoke(cli.cli, ["run", str(cp2_plan), "--nproc", "2", "--device", "cpu", "--steps", "1",
-                                      "--out", str(cp2_plan.parent / "run")])
+    r = CliRunner().invoke(cli.cli, ["run", str(metp_plan), "--nproc", "2", "--device", "cpu", "--steps", "1",
+                                      "--out", str(metp_plan.parent / "run")])
     assert started == [2]
     said = [x for x in r.output.splitlines() if "not followed" in x]
-    assert len(said) == 1 and "cp 2" in said[0], r.output
+    assert len(said) == 1 and "tp 2 (tp_mode metp)" in said[0], r.output
 
 
 def test_validate_names_the_memory_plan_not_followed_beside_the_memory_row(tmp_path):
@@ -76,10 +79,11 @@ def test_validate_names_the_memory_plan_not_followed_beside_the_memory_row(tmp_p
         return "failed: not run here", {}
 
     rows = V.run_validation(model, prof, specs, device="cpu", steps=1, out_dir=tmp_path, runner=runner,
-                            layout=Layout(cp=2), say=said.append)  # tp 2 is followed since h4
-    assert rows[0].memory_plan_note and "cp 2" in rows[0].memory_plan_note
+                            layout=Layout(ulysses=2), say=said.append)  # tp 2 is followed since h4, cp 2 since h1
+    # (2026-12-02); a Ulysses that keeps its head-sharded tensors for the backward (the layout's default) is not
+    assert rows[0].memory_plan_note and "ulysses 2" in rows[0].memory_plan_note
     assert len(said) == 1 and said[0].startswith(f"note: {rows[0].label}: ") and "no fragmentation" in said[0]
-    text = V.render_report(rows, V.summarize(rows), model, prof, "cpu", "memo-exec validate", None, Layout(cp=2))
+    text = V.render_report(rows, V.summarize(rows), model, prof, "cpu", "memo-exec validate", None, Layout(ulysses=2))
     table_end = text.index("## Summary")
     assert f"- peak memory of {rows[0].label}: the plan's static memory plan is not followed" in text[:table_end]
     assert rows[0].to_dict()["memory_plan_note"] == rows[0].memory_plan_note

@@ -46,7 +46,7 @@ from memo_exec.distributed.schedule import schedule_for
 from memo_exec.distributed.tp import flavour_for
 from memo_exec.distributed.zero import GradSync
 from memo_exec.errors import ExecError, MemoryPlanError
-from memo_exec.layer import LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, storage_bytes
+from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, storage_bytes
 from memo_exec.memory_estimate import PEAK_TERMS, MemoryEstimate, peak_total
 from memo_exec.model import GPT, ChainedHooks, LayerHooks, vocab_rows
 from memo_exec.mtp import MTPRun, TPSplit, modules_recomputed, whole_projections
@@ -75,16 +75,39 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
 
 def split_layer_why(lay, tp: int, moe: bool) -> str | None:
     """Why a rank's layer is not one the plan's memory plan (level 1) places, so that its scratch comes from the caching
-    allocator (`DistExecutor._arena_why_not`), or None: a context or Ulysses split inside it, a tensor split whose
-    flavour has no meta-device dry run (`memo_exec.distributed.tp.base.TPFlavour.plans_memory`: METP's rings), or
-    routed experts. Megatron TP (with or without SP) is planned: the simulator's level 1 is the TP rank's layer
-    (memo_sim/memplan/trace_gen.py, sharded shapes and the SP gathers), as the MEMO paper plans it per GPU."""
-    split = [f"{k} {v}" for k, v in (("cp", lay.cp), ("ulysses", lay.ulysses)) if v > 1]
+    allocator (`DistExecutor._arena_why_not`), or None: a tensor split whose flavour has no meta-device dry run
+    (`memo_exec.distributed.tp.base.TPFlavour.plans_memory`: METP's rings), a Ulysses split that keeps its head-sharded
+    q, k, v and out from the forward to the backward (``Layout.ulysses_bwd_resend`` False: they outlive the forward's
+    arena, which the plan's level 1 places them in), or routed experts. Megatron TP (with or without SP), ring CP and
+    a re-sending Ulysses are planned: the simulator's level 1 is the rank's layer (memo_sim/memplan/trace_gen.py,
+    sharded shapes, the SP gathers, the ring's and the all-to-alls' buffers), as the MEMO paper plans it per GPU."""
+    split = []
     if tp > 1 and not flavour_for(lay.tp_mode).plans_memory():
-        split.insert(0, f"tp {tp} (tp_mode {lay.tp_mode})")
+        split.append(f"tp {tp} (tp_mode {lay.tp_mode})")
+    if lay.ulysses > 1 and not lay.ulysses_bwd_resend:
+        split.append(f"ulysses {lay.ulysses} keeping its head-sharded q, k, v, out for the backward "
+                     f"(ulysses_bwd_resend false)")
     if split:
         return "no memory plan for a layer split by " + ", ".join(split)
     return "no memory plan for a mixture-of-experts layer" if moe else None
+
+
+def split_label(lay, tp: int) -> str:
+    """The splits inside a rank's layer, ``"tp 2, cp 2"`` (empty where none)."""
+    return ", ".join(f"{k} {v}" for k, v in (("tp", tp), ("cp", lay.cp), ("ulysses", lay.ulysses)) if v > 1)
+
+
+def meta_attention(lay, model, kernel: str | None):
+    """The rank's attention as `DistExecutor` wraps it (ring CP around its own block kernels, Ulysses around the ring
+    or the plan's ``kernel``, unused under a ring), for a sizes-only run on the meta device: the same scratch requests
+    (the plan's ``cp_*`` and ``ulysses_*`` buffers, `memo_exec.distributed.attention`), nothing computed or
+    communicated."""
+    inner = (RingAttention(None, lay.cp, 0, dkv_fp32=lay.ring_dkv_fp32) if lay.cp > 1
+             else meta_stand_in(kernel))
+    if lay.ulysses > 1:
+        r = lay.kv_repeat(model.n_kv_heads, model.heads)
+        return UlyssesAttention(inner, None, lay.ulysses, r, resend=lay.ulysses_bwd_resend)
+    return inner
 
 
 class LayoutContext:
@@ -105,19 +128,22 @@ class LayoutContext:
         return None
 
 
-def rank_layer_arena(plan: Plan, flavour, model, micro: int, dtype: torch.dtype, backend_name: str):
-    """The plan's level 1 checked against a TP rank's layer (`memo_exec.runner.plan_arena`; a `MemoryPlanError` names
-    the tensor that does not fit): the layer's forward, the whole model's policy's recompute (as on one device: the
-    plan's level 1 holds the recompute scratch) and backward on the meta device through the flavour's
-    ``sizes_only_compute`` (its collectives' buffers requested, nothing communicated), with the rank's shard of the
-    weights, its storage shapes and rows, and the plan's names mapped to the layer's (``plan_names``). Returns the
-    arena and the scratch the plan does not place (the caching allocator's)."""
+def rank_layer_requests(plan: Plan, flavour, model, micro: int, dtype: torch.dtype, backend) -> AllocRecorder:
+    """A split rank's layer scratch requests (TP, ring CP, Ulysses), recorded on the meta device: the layer's
+    forward, the whole model's policy's recompute (as on one device: the plan's level 1 holds the recompute scratch)
+    and backward through the flavour's ``sizes_only_compute`` (its collectives' buffers requested, nothing
+    communicated) with the attention ``backend`` (a kernel's name, or the rank's ring / Ulysses built for the meta
+    device, `meta_attention`: their buffers requested, nothing communicated), the rank's shard of the weights, its
+    storage shapes and rows."""
     meta, lay = torch.device("meta"), plan.layout
     shard_seq = plan.seq_tokens // (lay.cp * lay.ulysses)
     T, shapes = flavour.local_tokens(micro * shard_seq), flavour.storage_shapes()
     rec = AllocRecorder()
-    backend = meta_stand_in(backend_name)
-    comp = flavour.sizes_only_compute(micro, shard_seq, dtype, backend, CachingScratch(meta, rec))
+    backend = meta_stand_in(backend) if isinstance(backend, str) else backend
+    scratch = CachingScratch(meta, rec)
+    comp = flavour.sizes_only_compute(micro, shard_seq, dtype, backend, scratch)
+    if comp is None and flavour.size == 1:  # no tensor split (a flavour without a dry run, tp 1): the plain layer
+        comp = LayerCompute(model, micro, shard_seq, dtype, meta, backend, scratch)
     w = flavour.make_weights(model.layers, meta, dtype, layer=0)
     for p in w.parameters():
         p.grad = torch.zeros_like(p)
@@ -130,37 +156,51 @@ def rank_layer_arena(plan: Plan, flavour, model, micro: int, dtype: torch.dtype,
         comp.forward(w, st, torch.empty(T, model.hidden, dtype=dtype, device=meta), 0)
         policy.recompute(comp, w, st, 0)  # layer 0 is offloaded (and recomputed) whenever any layer is
         comp.backward(w, st, torch.empty(T, model.hidden, dtype=dtype, device=meta), 0)
+    return rec
+
+
+def rank_layer_arena(plan: Plan, flavour, model, micro: int, dtype: torch.dtype, backend):
+    """The plan's level 1 checked against a split rank's layer (`rank_layer_requests`; `memo_exec.runner.plan_arena`:
+    a `MemoryPlanError` names the tensor that does not fit), the plan's names mapped to the layer's (the flavour's
+    ``plan_names``). Returns the arena and the scratch the plan does not place (the caching allocator's)."""
+    rec = rank_layer_requests(plan, flavour, model, micro, dtype, backend)
+    backend = meta_stand_in(backend) if isinstance(backend, str) else backend
+    shard_seq = plan.seq_tokens // (plan.layout.cp * plan.layout.ulysses)
     return plan_arena(plan, model, micro, shard_seq, dtype, backend, None, requests=rec, names=flavour.plan_names())
 
 
-def tp_plan_refused(tp: int, e: MemoryPlanError) -> str:
-    """Why a TP rank's scratch comes from the caching allocator where the plan's level 1 does not fit its layer."""
-    return f"the plan's level 1 does not fit a tp {tp} rank's layer ({e})"
+def split_plan_refused(label: str, e: MemoryPlanError) -> str:
+    """Why a split rank's scratch comes from the caching allocator where the plan's level 1 does not fit its layer
+    (``label``: `split_label`)."""
+    return f"the plan's level 1 does not fit a {label} rank's layer ({e})"
 
 
 def memory_plan_not_followed(plan: Plan, use_memory_plan: bool = True, layers: int | None = None,
                              attention_backend: str | None = None, device: str | None = None) -> str | None:
     """The one console line memo-exec says at the start of a multi-device run (``run`` and ``validate``) whose plan
-    carries a static memory plan that the ranks will not follow (`split_layer_why`; a TP rank's layer that the plan's
-    level 1 does not fit, `rank_layer_arena`, checked here at the plan's dtype for ``layers`` of its layers with the
-    attention backend asked for on ``device``; the layer's scratch then comes from the caching allocator), or None.
-    The simulator priced that plan's arena (offsets fixed, no fragmentation: `memo_sim.memplan`), so the run's peak can
-    exceed the prediction (a review: report.md alone said so)."""
+    carries a static memory plan that the ranks will not follow (`split_layer_why`; a split (TP, ring CP, Ulysses)
+    rank's layer that the plan's level 1 does not fit, `rank_layer_arena`, checked here at the plan's dtype for
+    ``layers`` of its layers with the attention backend asked for on ``device``; the layer's scratch then comes from
+    the caching allocator), or None. The simulator priced that plan's arena (offsets fixed, no fragmentation:
+    `memo_sim.memplan`), so the run's peak can exceed the prediction (a review: report.md alone said so)."""
     mp = plan.memory_plan
     if mp is None or not mp.phases or not use_memory_plan:
         return None
-    why = split_layer_why(plan.layout, plan.layout.tp, plan.model.moe)
-    if why is None and plan.layout.tp > 1:
+    lay = plan.layout
+    why = split_layer_why(lay, lay.tp, plan.model.moe)
+    label = split_label(lay, lay.tp)
+    if why is None and label:
         model = dataclasses.replace(plan.model, layers=layers or plan.model.layers)
-        flavour = flavour_for(plan.layout.tp_mode)(LayoutContext(plan.layout), model)
+        flavour = flavour_for(lay.tp_mode)(LayoutContext(lay), model)
         name = attention_backend or plan.attention_backend
         if name == "auto":  # only math takes scratch tensors: every CUDA kernel records the same requests
             on_cpu = device.startswith("cpu") if device else not torch.cuda.is_available()
             name = "math" if on_cpu else "sdpa_flash"
         try:
-            rank_layer_arena(plan, flavour, model, plan.micro_batch or plan.batch, DTYPES[plan.model.dtype], name)
+            rank_layer_arena(plan, flavour, model, plan.micro_batch or plan.batch, DTYPES[plan.model.dtype],
+                             meta_attention(lay, model, name))
         except MemoryPlanError as e:
-            why = tp_plan_refused(plan.layout.tp, e)
+            why = split_plan_refused(label, e)
     if why is None:
         return None
     return (f"note: the plan's static memory plan is not followed ({why}: every layer scratch tensor comes from the "
@@ -229,12 +269,14 @@ class DistExecutor(ExecutorBase):
         per_set, self.activation_sets = self.schedule.activation_sets()
         self.policy = self._meta_policy(per_set)
         self.arena_plan, self.unplanned, self.no_arena = None, [], self._arena_why_not(plan, opts)
-        if self.no_arena is None and self.flavour.size > 1:  # the TP rank's layer, as the plan's level 1 has it
+        label = split_label(lay, self.flavour.size)
+        if self.no_arena is None and label:  # a split rank's layer (TP, ring CP, Ulysses) as the plan's level 1 has it
+            kernel = inner.name if lay.cp == 1 else None  # the ring runs its own block kernels
             try:
                 self.arena_plan, self.unplanned = rank_layer_arena(plan, self.flavour, m, self.micro, self.dtype,
-                                                                   self.backend.name)
+                                                                   meta_attention(lay, m, kernel))
             except MemoryPlanError as e:  # the caching allocator, and the run says why (as the launcher did)
-                self.no_arena = tp_plan_refused(self.flavour.size, e)
+                self.no_arena = split_plan_refused(label, e)
         elif self.no_arena is None:  # this rank's layer is the one-device layer: its scratch at the plan's offsets
             # checked against the layer as the whole model's policy runs it (the plan's level 1 is the one-stage
             # layer's, recompute scratch included; a chunk too short to recompute simply leaves those unused)
@@ -252,9 +294,10 @@ class DistExecutor(ExecutorBase):
     def _arena_why_not(self, plan: Plan, opts: RunOptions) -> str | None:
         """Why this rank places its layer scratch with the caching allocator rather than at the memory
         plan's offsets (None: it uses the plan). The plan's level 1 names one GPU's layer tensors: a rank
-        whose layer is the one-device layer (pipeline stages, data-parallel replicas) or a Megatron TP rank's
-        (`_rank_arena`) places them in one arena per rank, reused by every layer phase of every micro-batch it
-        runs (a stage runs one phase at a time); a context or Ulysses split, METP or experts: `split_layer_why`."""
+        whose layer is the one-device layer (pipeline stages, data-parallel replicas) or a split one (Megatron TP,
+        ring CP, a re-sending Ulysses: `rank_layer_arena`) places them in one arena per rank, reused by every layer
+        phase of every micro-batch it runs (a stage runs one phase at a time); METP, a Ulysses that keeps its
+        head-sharded tensors, or experts: `split_layer_why`."""
         mp = plan.memory_plan
         if mp is None or not mp.phases:
             return "no memory plan"

@@ -105,12 +105,18 @@ class RingMerge:
         return self.dkv_bytes or (max(d, 4) if fp32_accumulators else d)
 
     def buffers(self, cp: int, kv: float, q: float, d: int, phase: str,
-                dkv_d: int | None = None) -> list[tuple[str, float]]:
+                dkv_d: int | None = None, fp32_accumulators: bool = False) -> list[tuple[str, float]]:
         """(name, bytes) of the ring's K/V and gradient buffers live while a layer's attention runs on a rank
         of a CP group of ``cp`` (module docs): ``kv`` the bytes of one K/V chunk as the ring holds it, ``q``
         of the rank's queries, ``d`` the model dtype's bytes an element, ``dkv_d`` those of a dK/dV element
         (`dkv_element_bytes`; None: fp32). A ring of shifts holds a K/V double buffer (the chunk in use and
-        the one arriving) and, in backward, its dK/dV in use and in flight."""
+        the one arriving) and, in backward, its dK/dV in use and in flight. The fp32 dQ accumulator over the
+        steps: the implementation's own (``dq_fp32``), or where the framework accumulates the ring's gradients in
+        fp32 (``fp32_accumulators``, ``Layout.ring_dkv_fp32``: memo's executor keeps dQ beside the layer's dq,
+        memo_exec/distributed/attention.py ``RingAttention.backward``); a ring that accumulates them in the model's
+        dtype adds each step's dQ into the layer's dq itself (TransformerEngine's p2p CP: ``dq_buffer =
+        torch.empty_like(q)``, the dq it returns; transformer_engine/pytorch/attention/dot_product_attention/
+        context_parallel.py ``AttnFuncWithCPAndKVP2P.backward`` at d0067d0da)."""
         if self.kv_allgather:  # the gathered chunks, the packed one sent, the copies made first
             out = [("cp_kv_allgather", (cp + 1 + self.kv_copies) * kv)]
         else:
@@ -120,7 +126,7 @@ class RingMerge:
         out.append(("cp_dkv_in_flight", self.dkv_chunks * kv * (dkv_d or 4) / d))
         if self.dkv_outputs:
             out.append(("cp_step_dkv_outputs", self.dkv_outputs * kv))
-        if self.dq_fp32:
+        if self.dq_fp32 or fp32_accumulators:
             out.append(("cp_dq_accumulator_fp32", q * 4 / d))
         return out
 

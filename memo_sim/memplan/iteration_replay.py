@@ -65,9 +65,9 @@ chunks sit in the arena, free between the last forward and the first backward, w
 memo-exec's minimum of their rows fits it (memo_exec/arena.py ``between_layers``, memo_exec/model.py
 ``ChunkPlace``; `memo_sim.memplan.iteration_requests.chunk_in_arena`), and ask the caching
 allocator for nothing. The arena is MEMO's for every layout, a layer split by tp, cp or Ulysses too (the
-paper plans a TP+SP+CP layer's transients; memo-exec's distributed executor follows a Megatron TP rank's plan, with
-or without SP, memo-sim's own tp plans included, not yet a ring-CP, Ulysses, METP or expert layer's, and says so in
-one line when it runs one: memo_exec/distributed/runner.py ``memory_plan_not_followed``). The
+paper plans a TP+SP+CP layer's transients; memo-exec's distributed executor follows a Megatron TP, ring-CP or
+re-sending Ulysses rank's plan, with or without SP, memo-sim's own plans included, not yet a METP, a keeping Ulysses
+(``ulysses_bwd_resend`` false) or an expert layer's, and says so in one line when it runs one: memo_exec/distributed/runner.py ``memory_plan_not_followed``). The
 engine replays a memory-planned run like any other (`engine_replay`): the replay decides its fit and charges its
 reorganisations (``static_memory_plan`` says the plan is there). Left out: NCCL's own workspaces (outside the
 allocator), Megatron's global all-gather buffer (the level-1 traces allocate gathered inputs

@@ -142,10 +142,15 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
       (one buffer, ``attention_bwd_workspace``); ring CP: the K/V double buffer 2·(k + v) and the
       dK/dV travelling the ring, in use and in flight, 2·(k + v)·a/d, a the element size they travel in
       (`RingMerge.dkv_element_bytes`: 4 where the framework accumulates them in fp32, memo's executor; the
-      model dtype's for TransformerEngine's p2p CP) (PyTorch's CP: its K/V
+      model dtype's for TransformerEngine's p2p CP), and where the framework accumulates in fp32
+      (``layout.ring_dkv_fp32``) the fp32 dQ accumulator beside the layer's dq, q·4/d (TransformerEngine adds each
+      step's dQ into the dq it returns: no buffer; `RingMerge.buffers`) (PyTorch's CP: its K/V
       chunks as in the forward, three fp32 dK/dV chunks, the last step's dK/dV kernel outputs and an fp32
       dQ accumulator, `RingMerge.buffers`); Ulysses: the
-      all-to-all buffers of the incoming attention gradient (attn) and of dq, dk, dv (q + r·(k + v)).
+      all-to-all buffers of the incoming attention gradient (attn) and of dq, dk, dv (q + r·(k + v)), and where
+      the backward re-sends the forward's q, k, v and out (``layout.ulysses_bwd_resend``, memo's executor:
+      memo_exec/distributed/attention.py ``UlyssesAttention.backward``) their head-sharded copies again,
+      q + r·(k + v) and attn (a framework that keeps the forward's holds them among the saved tensors instead).
     - materialised attention (``layout.attention``, `memo_sim.cost.attention_kernel`), e the
       GPU's score elements n_b·s²: forward, at the dropout, the softmax output, the dropout mask
       and the dropped probabilities, e·(2d + 1) (the scores are freed after the softmax);
@@ -163,7 +168,8 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     ring = ring_merge(layout.ring_merge)
     ring_kv = tb["q"] + tb["attn"] if ring.kv_at_query_heads else kv  # one K/V chunk as the ring holds it
     # the ring's K/V and gradient buffers, its dK/dV in the element size they travel in
-    ring_bufs = ring.buffers(layout.cp, ring_kv, tb["q"], d, phase, ring.dkv_element_bytes(d, layout.ring_dkv_fp32))
+    ring_bufs = ring.buffers(layout.cp, ring_kv, tb["q"], d, phase, ring.dkv_element_bytes(d, layout.ring_dkv_fp32),
+                             layout.ring_dkv_fp32)
     # QK norms (Qwen3): the normalised queries and keys the kernel reads, beside the kept projections (the executor
     # normalises in scratch where the kernel runs, `memo_exec.layer.LayerCompute._attention_qk`)
     # (a framework that keeps them, ``qk_norm_kept``, holds them among the saved tensors instead)
@@ -180,6 +186,8 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     if layout.cp > 1:
         out += ring_bufs
     if layout.ulysses > 1:
+        if layout.ulysses_bwd_resend:  # the forward's q, k, v and out sent again (their head-sharded copies)
+            out += [("ulysses_qkv_resend_alltoall", qkv), ("ulysses_attn_resend_alltoall", tb["attn"])]
         out += [("ulysses_dattn_alltoall", tb["attn"]), ("ulysses_dqkv_alltoall", qkv)]
     return out
 
