@@ -3,6 +3,7 @@
 import json
 import re
 
+import pytest
 from click.testing import CliRunner
 
 from memo_sim.cli import cli
@@ -10,6 +11,26 @@ from memo_sim.cli import cli
 
 def run(args, **kw):
     return CliRunner().invoke(cli, args, catch_exceptions=False, **kw)
+
+
+def text_and_json(args):
+    """(``args``' text answer, ``args + ["--json"]``'s), CliRunner results of the what-if printed both ways from one
+    search: the CLI runs `answer_whatif` for the JSON (printed first) and prints the text from the same answer, as a
+    second run of the same request would print it (the format is no part of the request, which is checked alike)."""
+    import memo_sim.cli.whatif as cli_whatif
+
+    search, done = cli_whatif.answer_whatif, []
+
+    def once(req, **kw):
+        if not done:
+            done.append((req, search(req, **kw)))
+        assert done[0][0] == req, "the shared search serves one request"
+        return done[0][1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cli_whatif, "answer_whatif", once)
+        js = run([*args, "--json"])
+        return run(args), js
 
 
 def test_default_whatif_writes_plan(tmp_path):
@@ -63,8 +84,6 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
         assert "Traceback" not in r.output
 
 
-import pytest  # noqa: E402
-
 QWEN3 = "tests/data/hf/qwen3-30b-a3b/config.json"
 
 
@@ -108,14 +127,14 @@ def test_profiles_and_models_list():
 
 # -- #19 item 6 and #16: tiers apart, duplicates folded, the binding constraint, exit 3, --jobs ---------
 def test_simulated_and_analytic_rows_apart(tmp_path):
-    r = run(["whatif", "--seq", "256K", "--simulate-top", "2", "--policy", "memo", "--policy", "full_recompute",
-             "--no-plan", "--jobs", "1", "--details"])
+    # one search, its text (--details) and --json
+    r, js = text_and_json(["whatif", "--seq", "256K", "--simulate-top", "2", "--policy", "memo", "--policy",
+                           "full_recompute", "--no-plan", "--jobs", "1", "--details"])
     assert r.exit_code == 0, r.output
     sim_at, ana_at = r.output.index("Simulated (tier 2"), r.output.index("Analytic only (tier 1")
     assert sim_at < ana_at
     sim_part = r.output[sim_at:ana_at]
-    obj = json.loads(run(["whatif", "--seq", "256K", "--simulate-top", "2", "--policy", "memo", "--policy",
-                          "full_recompute", "--json", "--no-plan", "--jobs", "1"]).output)
+    obj = json.loads(js.output)
     extra = obj["tier2"]["for_verdicts"]  # the verdict lines' sides the top 2 left analytic (METP, Megatron TP)
     assert obj["tier2"]["simulated"] == 2 + extra
     assert sum(bool(re.match(r"\s*\d+\s", line)) for line in sim_part.splitlines()) == 2 + extra  # rows, numbered
@@ -407,12 +426,12 @@ def test_gpus_that_do_not_fill_whole_nodes_are_said_so():
     """12 GPUs on 8-GPU nodes: the answer (and maxseq's) says how memo places them, the JSON too;
     whole nodes and a single partial node say nothing (it was accepted without a word)."""
     args = ["--model", "gpt-7b", "--layers", "2", "--seq", "4K", "--profile", "h100-sxm5-80gb"]
-    r = run(["whatif", *args, "--gpus", "12", "--no-plan", "--simulate-top", "1", "--jobs", "1"])
+    # one search, its text and --json
+    r, js = text_and_json(["whatif", *args, "--gpus", "12", "--no-plan", "--simulate-top", "1", "--jobs", "1"])
     assert r.exit_code == 0, r.output
     words = "12 GPUs on nodes of 8: 2 nodes, the last with 4 GPUs"
     assert f"nodes: {words}" in r.output
-    obj = json.loads(run(["whatif", *args, "--gpus", "12", "--no-plan", "--simulate-top", "1", "--jobs", "1",
-                          "--json"]).output)
+    obj = json.loads(js.output)
     assert obj["partial_node"].startswith(words)
     # the node words depend on the profile and the GPU count alone: one policy and --tp 1 search less to say them
     for gpus in ("16", "4"):
@@ -455,14 +474,14 @@ FP8_ARGS = ["whatif", "--model", "llama-3.1-70b", "--layers", "2", "--gpus", "8"
 
 @pytest.fixture(scope="module")
 def fp8_answer():
-    """The FP8 what-if's table answer, run once for the two tests below that read it."""
-    return run(FP8_ARGS + ["--precision", "fp8-tensorwise"])
+    """The FP8 what-if's (table answer, --json answer), one search run once for the two tests below that read it."""
+    return text_and_json(FP8_ARGS + ["--precision", "fp8-tensorwise"])
 
 
 def test_fp8_mfu_names_its_peak_and_sweep_seq_refuses_a_repeated_length(tmp_path, fp8_answer):
     """An FP8 plan's MFU counts against the model dtype's peak: the answer says so (only the README did);
     sweep-seq --seqs 32K,64K,32K simulated 32K twice; now one line, exit 2, nothing written."""
-    r = fp8_answer
+    r = fp8_answer[0]
     assert r.exit_code == 0 and "% (of the bf16 peak), " in r.output.splitlines()[0], r.output
     r = run(["whatif", "--model", "llama-3.1-70b", "--layers", "2", "--gpus", "8", "--seq", "8K", "--profile",
              "h100-sxm5-80gb", "--out", str(tmp_path), "--jobs", "1", "--simulate-top", "1"])
@@ -505,11 +524,11 @@ def test_an_fp8_answer_says_what_the_same_search_gives_without_fp8(fp8_answer):
     """An FP8 what-if answered with FP8's plan alone, so what FP8 buys was a second command away: the answer (and
     --json's bf16_best) gives the same search's best with the GEMMs in the model's dtype, and the ratio."""
     args = FP8_ARGS
-    fp8 = fp8_answer
+    fp8, fp8_json = fp8_answer
     line = [ln for ln in fp8.output.splitlines() if ln.startswith("without fp8-tensorwise GEMMs (all in bf16)")]
     assert fp8.exit_code == 0 and len(line) == 1, fp8.output
     bf16 = json.loads(run(args + ["--json"]).output)
-    got = json.loads(run(args + ["--precision", "fp8-tensorwise", "--json"]).output)
+    got = json.loads(fp8_json.output)  # args + --precision fp8-tensorwise --json
     assert got["bf16_searched"] and not bf16["bf16_searched"] and bf16["bf16_best"] is None
     assert got["bf16_best"]["layout"] == bf16["candidates"][0]["layout"]  # the bf16 what-if's own best
     ratio = got["candidates"][0]["simulated_tgs_tokens_per_gpu_s"] / got["bf16_best"]["simulated_tgs_tokens_per_gpu_s"]
@@ -538,11 +557,11 @@ def test_rows_of_different_global_batches_say_so():
     leaves every row the same, and no column."""
     base = ["whatif", "--model", "gpt-7b", "--layers", "4", "--gpus", "8", "--seq", "32K", "--no-plan", "--jobs", "1",
             "--simulate-top", "1"]
-    r = CliRunner().invoke(cli, base + ["--top", "40"])
+    r, js = text_and_json(base + ["--top", "40"])  # one search, its text and --json (--top shapes the text alone)
     assert r.exit_code == 0, r.output
     head = next(ln for ln in r.output.splitlines() if ln.startswith("#  "))
     assert " GBS " in head
-    d = json.loads(CliRunner().invoke(cli, base + ["--json"]).output)
+    d = json.loads(js.output)
     rows = d["candidates"]
     assert all(c["global_batch"] == c["batch"] * c["layout_degrees"].get("dp", 1) for c in rows)
     assert len({c["global_batch"] for c in rows}) > 1
@@ -555,9 +574,11 @@ def test_an_answer_memo_exec_refuses_says_so():
     runs MEMO: the what-if gave no word of it (a user's review). An answer memo-exec refuses (DeepSeek-V2-Lite's
     latent attention) says so, with memo-exec's own line (`memo_sim.plan.executor_scope`), and where to go; a plan
     memo-exec runs (GPT-OSS's now, its clamped SwiGLU too, a dense one) has no such line."""
+    # --pp 1: each answer the full search's (tp1-dp8-z3 store_all for DeepSeek-V2-Lite, with and without megatron,
+    # and for GPT-OSS-20B, 2026-12-02) in a third of the time; what is refused is the answer's model
     base = ["whatif", "--gpus", "8", "--seq", "8K", "--no-plan", "--jobs", "1", "--simulate-top", "1",
-            "--profile", "h100-sxm5-80gb"]
-    mla = CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite"])
+            "--profile", "h100-sxm5-80gb", "--pp", "1"]
+    mla, mla_json = text_and_json(base + ["--model", "deepseek-v2-lite"])  # one search, its text and --json
     assert mla.exit_code == 0, mla.output
     assert "memo-exec refuses this plan (plan model deepseek-v2-lite: kv_lora_rank = 512" in mla.output
     # under a framework too, pointing at its exporter (a review: a framework's plan said nothing of it)
@@ -565,7 +586,7 @@ def test_an_answer_memo_exec_refuses_says_so():
     assert meg.exit_code == 0, meg.output
     assert "memo-exec refuses this plan (plan model deepseek-v2-lite: kv_lora_rank = 512" in meg.output
     assert "`memo-sim export --to megatron` of its plan file writes it for megatron (the version" in meg.output
-    d = json.loads(CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite", "--json"]).output)
+    d = json.loads(mla_json.output)
     assert "multi-head latent attention" in d["executor_refuses"]
     oss = json.loads(CliRunner().invoke(cli, base + ["--model", "gpt-oss-20b", "--json"]).output)
     assert oss["executor_refuses"] is None
@@ -667,14 +688,14 @@ def test_a_frameworks_gap_to_memos_best_is_split_into_mechanisms_and_layout_and_
     multiply to the ratio shown. Where those mechanisms do not hold memo's plan, the line says where it fails."""
     base = ["whatif", "--model", "gpt-7b", "--layers", "4", "--gpus", "8", "--seq", "32K", "--no-plan", "--jobs", "1",
             "--simulate-top", "1", "--profile", "h100-sxm5-80gb", "--framework", "megatron"]
-    r = CliRunner().invoke(cli, base)
+    r, js = text_and_json(base)  # one search, its text and --json
     assert r.exit_code == 0, r.output
     line = next(ln for ln in r.output.splitlines() if "the gap split: memo's best with megatron's mechanisms" in ln)
     ratio = float(re.search(r"\(([0-9.]+)x\)$", next(ln for ln in r.output.splitlines()
                                                      if ln.startswith("megatron's best:"))).group(1))
     a, b = (float(x) for x in re.findall(r"([0-9.]+)x ", line + " ")[:2])
     assert a * b == pytest.approx(ratio, abs=0.02)
-    d = json.loads(CliRunner().invoke(cli, base + ["--json"]).output)
+    d = json.loads(js.output)
     on = d["memo_best_on_framework"]
     assert on["status"] == "OK" and "vocab_parallel" in on["layout_label"]
     # each mechanism the framework runs otherwise is named (a review: "1.57x from memo's own mechanisms" named none)
@@ -733,7 +754,8 @@ def test_rows_memory_numbers_come_from_their_own_tier():
     its own tier's, the analytic ones under analytic_* keys."""
     args = ["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "32K", "--pp", "4", "--batch", "8", "--policy",
             "memo", "--no-plan", "--jobs", "1"]
-    rows = json.loads(run(args + ["--json"]).output)["candidates"]
+    text, js = text_and_json(args)  # one search, its text and --json
+    rows = json.loads(js.output)["candidates"]
     sim = [r for r in rows if r["tier"] == "simulated"]
     assert sim and any(r["analytic_host_bytes_per_node"] != r["simulated_peak_host_bytes_per_node"] for r in sim)
     for r in rows:
@@ -743,7 +765,7 @@ def test_rows_memory_numbers_come_from_their_own_tier():
         assert r["host_bytes_per_node"] == want
     from memo_sim.units import fmt_bytes
 
-    text = run(args).output
+    text = text.output
     first = next(ln for ln in text.splitlines() if ln.startswith(" 1  "))
     assert fmt_bytes(sim[0]["simulated_peak_host_bytes_per_node"]) in first
     assert fmt_bytes(sim[0]["analytic_host_bytes_per_node"]) not in first
@@ -756,8 +778,10 @@ def test_memo_best_beside_a_framework_is_the_plain_what_ifs_best():
     plan the plain what-if ranks below its answer (DeepSeek-V3 on 256 B200s: 1,972 against 2,044 tokens/GPU/s, a
     review): it is searched as the what-if searches. Qwen3-30B-A3B on 16 H100s at 32K: the analytic tier's first
     simulates to 6,780 tokens/GPU/s, the what-if's answer (EP 2) to 6,889."""
+    # --pp 1: the case whole without the pipelines (2026-12-02: the answer tp1-ep2-dp16-z3 memo at 6,906, the
+    # analytic tier's first tp1-dp16-z3 memo at 6,778, 24 plans simulated, as in the full search) in 2/5 of the time
     base = ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "16", "--seq", "32K", "--profile", "h100-sxm5-80gb",
-            "--precision", "megatron", "--no-plan", "--jobs", "1", "--json"]
+            "--precision", "megatron", "--no-plan", "--jobs", "1", "--json", "--pp", "1"]
     plain = json.loads(run(base).output)["candidates"][0]
     beside = json.loads(run(base + ["--framework", "megatron"]).output)["memo_best"]
     assert (beside["layout"], beside["policy"]) == (plain["layout"], plain["policy"])

@@ -22,8 +22,7 @@ from memo_sim.model.config import PRESETS, ModelConfig
 from memo_sim.model.flops import model_flops_per_iteration
 from memo_sim.model.layer_graph import layer_tensors
 from memo_sim.profile.loader import load_profile
-from memo_sim.search.bound import lower_bound
-from memo_sim.search.whatif import candidates_for, simulate_candidates
+from memo_sim.search.whatif import candidates_for
 
 from bound_check import bounds_hold, sample
 
@@ -163,8 +162,10 @@ def _whatif(*args):
 
 def test_whatif_qwen3_ranks_expert_layouts(tmp_path):
     """Done when: Qwen3-30B-A3B on 16 H100s at 32K ranks EP layouts and answers."""
+    # --simulate-top 1 (was 4): the EP layouts asserted are every ranked row's, the analytic tier's as much as the
+    # simulated ones' (the same five degrees fit either way, 2026-12-02); the answer is simulated still
     rc, out = _whatif("--model", "tests/data/hf/qwen3-30b-a3b/config.json", "--gpus", "16", "--seq", "32K",
-                      "--profile", "h100-sxm5-80gb", "--simulate-top", "4")
+                      "--profile", "h100-sxm5-80gb", "--simulate-top", "1")
     assert rc == 0 and out["model"]["params"] == 30_532_122_624 and out["model"]["active_params"] == 3_353_032_704
     eps = {c["layout_degrees"].get("ep", 1) for c in out["candidates"] if c["status"] == "OK"}
     assert {1, 2, 4, 8, 16} <= eps

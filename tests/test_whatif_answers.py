@@ -34,7 +34,8 @@ def test_the_best_row_says_what_binds_for_every_policy(policy):
 
 
 # one what-if for the two tests below: the profile's provenance (h100) and the token budget (any profile's plan)
-H100_64K = ["--seq", "64K", "--simulate-top", "1", "--profile", "h100-sxm5-80gb", "--train-tokens", "300B"]
+# (--pp 1: the full search's best, tp1-uly8-z3, and its training days, 2026-12-02, without pricing the pipelines)
+H100_64K = ["--seq", "64K", "--simulate-top", "1", "--profile", "h100-sxm5-80gb", "--train-tokens", "300B", "--pp", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +75,7 @@ def test_every_answer_says_how_its_profile_was_obtained(tmp_path, h100_64k):
     for name in ("a800-80gb", "a100-sxm4-80gb", "h100-sxm5-80gb", "h200-141gb"):
         p = load_profile(name)
         assert not p.calibrated and p.provenance_line().startswith("not calibrated (")
-    d = h100_64k  # --seq 64K --simulate-top 1 --profile h100-sxm5-80gb (with a token budget, which it does not read)
+    d = h100_64k  # --seq 64K --simulate-top 1 --profile h100-sxm5-80gb --pp 1 (a token budget too, not read here)
     assert d["profile_provenance"]["calibrated"] is False
     assert "curves measured on a single Hopper GPU" in d["profile_provenance"]["line"]
     r = CliRunner().invoke(cli, ["whatif", "--seq", "64K", "--no-plan", "--simulate-top", "1", "--jobs", "1"])
@@ -109,7 +110,9 @@ def test_an_answer_over_different_global_batches_says_so_and_how_to_fix_it():
     r = CliRunner().invoke(cli, args)
     assert r.exit_code == 0 and "global batch not fixed: the rows train 2 to 8 sequences a step" in r.output, r.output
     assert "give --global-batch N" in r.output
-    r = CliRunner().invoke(cli, [*args, "--global-batch", "8"])
+    # the same rows with the global batch fixed (--simulate-top 1: the rows' batches are the search's, not the tier's;
+    # a quarter of the bound search's time)
+    r = CliRunner().invoke(cli, [*args, "--global-batch", "8", "--simulate-top", "1"])
     assert r.exit_code == 0 and "global batch not fixed" not in r.output
 
 
