@@ -69,8 +69,11 @@ def test_a_runner_up_as_fast_as_the_best_gives_up_none_not_minus_zero():
 
 
 # 1.25M until 2026-12-01, when memo-exec's Ulysses backward and embedding / head gradient unit were priced and the
-# case stopped fitting at all; at 1.0625M the same holds (a CP plan answers, tp2 x Ulysses 4 faster with the flag)
-EXPANDABLE = ["whatif", "--model", "llama-3.1-8b", "--profile", "h100-sxm5-80gb", "--gpus", "8", "--seq", "1.0625M",
+# case stopped fitting at all; at 1.0625M the same held (a CP plan answers, tp2 x Ulysses 4 faster with the flag)
+# until 2026-12-02, when the ring's fp32 dQ accumulator and the re-sending Ulysses' buffers of memo's own framework
+# data were priced (memo_sim/memplan/trace_gen.py ``attention_buffers``) and nothing fit there; at 1M the same holds
+# (tp2+metp_ffn-cp4-z3 answers at 252 tokens/GPU/s, tp2 x Ulysses 4 at 415 with the flag)
+EXPANDABLE = ["whatif", "--model", "llama-3.1-8b", "--profile", "h100-sxm5-80gb", "--gpus", "8", "--seq", "1M",
               "--policy", "full_recompute", "--jobs", "1", "--no-plan"]
 
 
