@@ -180,3 +180,37 @@ def whatif_plan_of_config(tmp_path, config: dict, *args: str):
                                      *args])
     assert r.exit_code == 0, r.output
     return tmp_path / "p" / "plan.json"
+
+
+def plan_step_on_rank(rank: int, world: int, *plan_files: str) -> list[tuple]:
+    """One fp64 step of each plan on this gloo rank (no optimizer), one process group for all (`tests.dist_harness.spawn`
+    runs it): per plan the summed loss, rank 0's whole gradients, the run's JSON memory-plan entries and the arena
+    ranges still placed after the step (nothing placed is live between steps)."""
+    from memo_exec.device import DeviceSpec
+    from memo_exec.distributed.context import build_context
+    from memo_exec.distributed.runner import DistExecutor
+    from memo_sim.plan.schema import read_plan
+
+    out = []
+    for plan_file in plan_files:
+        plan = read_plan(plan_file)
+        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), build_context(plan.layout,
+                          torch.device("cpu")), DeviceSpec("cpu"))
+        d = ex.describe()
+        ex.allocate()
+        rec = ex.step(0, optimizer=False)
+        grads = ex.full_gradients()
+        placed = sorted(getattr(ex.scratch, "_ranges", {}))
+        ex.close()
+        out.append((rec.loss, grads if rank == 0 else None, d.get("memory_plan"), d.get("memory_plan_not_used"),
+                    placed))
+    return out
+
+
+def assert_matches_reference(result, reference, tol: float) -> None:
+    """A `plan_step_on_rank` result of rank 0: its loss and gradients equal the single-process run's
+    (``reference``: loss, gradients) within ``tol`` relative."""
+    ref_loss, ref_grads = reference
+    assert abs(result[0] - ref_loss) <= tol * abs(ref_loss), (result[0], ref_loss)
+    err, name = max_rel_error(result[1], ref_grads)
+    assert err <= tol, (name, err)

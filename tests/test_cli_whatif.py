@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from memo_sim.cli import cli
+from tests.cli_run import text_and_json as shared_text_and_json
 
 
 def run(args, **kw):
@@ -14,23 +15,8 @@ def run(args, **kw):
 
 
 def text_and_json(args):
-    """(``args``' text answer, ``args + ["--json"]``'s), CliRunner results of the what-if printed both ways from one
-    search: the CLI runs `answer_whatif` for the JSON (printed first) and prints the text from the same answer, as a
-    second run of the same request would print it (the format is no part of the request, which is checked alike)."""
-    import memo_sim.cli.whatif as cli_whatif
-
-    search, done = cli_whatif.answer_whatif, []
-
-    def once(req, **kw):
-        if not done:
-            done.append((req, search(req, **kw)))
-        assert done[0][0] == req, "the shared search serves one request"
-        return done[0][1]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli_whatif, "answer_whatif", once)
-        js = run([*args, "--json"])
-        return run(args), js
+    """`tests.cli_run.text_and_json`, exceptions raised as `run` does."""
+    return shared_text_and_json(args, catch_exceptions=False)
 
 
 def test_default_whatif_writes_plan(tmp_path):

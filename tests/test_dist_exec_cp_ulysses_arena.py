@@ -24,7 +24,7 @@ from click.testing import CliRunner  # noqa: E402
 from memo_sim.layout.parallel import Layout  # noqa: E402
 from memo_sim.plan.schema import read_plan  # noqa: E402
 from tests.dist_harness import spawn  # noqa: E402
-from tests.exec_helpers import max_rel_error, one_process_run  # noqa: E402
+from tests.exec_helpers import assert_matches_reference, one_process_run, plan_step_on_rank  # noqa: E402
 
 TOY = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "512", "--dtype", "fp32", "--seq", "512"]
 TOL = 1e-5
@@ -105,37 +105,6 @@ def test_the_ranks_requests_are_the_plans_level_1(plans, case):
     assert memory_plan_not_followed(read_plan(plans[case]), device="cpu") is None  # no note at the start
 
 
-def _rank_run(rank: int, world: int, *plan_files: str) -> list[tuple]:
-    """One fp64 step of each plan on this rank (no optimizer): per plan the summed loss, rank 0's whole gradients,
-    the run's JSON memory-plan entries and the arena ranges still placed after the step."""
-    from memo_exec.device import DeviceSpec
-    from memo_exec.distributed.context import build_context
-    from memo_exec.distributed.runner import DistExecutor
-    from memo_exec.runner import RunOptions
-
-    out = []
-    for plan_file in plan_files:
-        plan = read_plan(plan_file)
-        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), build_context(plan.layout,
-                          torch.device("cpu")), DeviceSpec("cpu"))
-        d = ex.describe()
-        ex.allocate()
-        rec = ex.step(0, optimizer=False)
-        grads = ex.full_gradients()
-        placed = sorted(getattr(ex.scratch, "_ranges", {}))
-        ex.close()
-        out.append((rec.loss, grads if rank == 0 else None, d.get("memory_plan"), d.get("memory_plan_not_used"),
-                    placed))
-    return out
-
-
-def _matches(result, reference) -> None:
-    ref_loss, ref_grads = reference
-    assert abs(result[0] - ref_loss) <= TOL * abs(ref_loss), (result[0], ref_loss)
-    err, name = max_rel_error(result[1], ref_grads)
-    assert err <= TOL, (name, err)
-
-
 def _followed(results, ours: set[str]) -> dict:
     """Every rank placed its layer scratch at the plan's offsets (the ring's / all-to-alls' buffers among the
     placed, none left to the caching allocator, nothing placed between steps): rank 0's JSON ``memory_plan``."""
@@ -177,37 +146,37 @@ def test_cp2_ranks_follow_the_plan_and_one_too_small_is_refused(plans, reference
     line = memory_plan_not_followed(read_plan(bad), device="cpu")
     assert line and "not followed" in line and "cp 2 rank's layer" in line and "bwd:cp_dkv_in_flight" in line, line
     assert "\n" not in line
-    results = spawn(_rank_run, 2, str(plans["cp2"]), str(bad), timeout=120)
+    results = spawn(plan_step_on_rank, 2, str(plans["cp2"]), str(bad), timeout=120)
     used = _followed([r[0] for r in results], RING)
     assert {"cp_kv_double_buffer", "cp_out_accumulator_fp32"} <= set(used["placed"]["fwd"])
     assert {"cp_kv_double_buffer", "cp_dkv_in_flight", "cp_dq_accumulator_fp32"} <= set(used["placed"]["bwd"])
-    _matches(results[0][0], reference)
+    assert_matches_reference(results[0][0], reference, TOL)
     for r in results:
         _, _, used, not_used, _ = r[1]
         assert used is None and "does not fit a cp 2 rank's layer" in not_used, not_used
         assert "bwd:cp_dkv_in_flight" in not_used and "runs past the arena" in not_used, not_used
-    _matches(results[0][1], reference)
+    assert_matches_reference(results[0][1], reference, TOL)
 
 
 def test_ulysses2_ranks_follow_the_plan(plans, reference):
     """Fails before h1: every Ulysses rank's scratch came from the caching allocator ("no memory plan for a layer
     split by ulysses 2")."""
-    results = spawn(_rank_run, 2, str(plans["u2"]), timeout=120)
+    results = spawn(plan_step_on_rank, 2, str(plans["u2"]), timeout=120)
     used = _followed([r[0] for r in results], ULYSSES)
     assert {"ulysses_qkv_alltoall", "ulysses_attn_alltoall"} <= set(used["placed"]["fwd"])
     assert {"ulysses_qkv_resend_alltoall", "ulysses_attn_resend_alltoall", "ulysses_dattn_alltoall",
             "ulysses_dqkv_alltoall"} <= set(used["placed"]["bwd"])
-    _matches(results[0][0], reference)
+    assert_matches_reference(results[0][0], reference, TOL)
 
 
 def test_ulysses2_tp2_sp_ranks_follow_the_plan(plans, reference):
     """Ulysses beside Megatron TP with SP on 4 ranks: the TP buffers (plan names mapped) and the all-to-alls' in one
     arena per rank."""
-    results = spawn(_rank_run, 4, str(plans["u2tp2"]), timeout=150)
+    results = spawn(plan_step_on_rank, 4, str(plans["u2tp2"]), timeout=150)
     used = _followed([r[0] for r in results], ULYSSES)
     assert {"ln1_gathered", "ulysses_qkv_alltoall"} <= set(used["placed"]["fwd"])
     assert used["plan_names"]["fwd"]["qkv_input_gathered"] == "ln1_gathered"
-    _matches(results[0][0], reference)
+    assert_matches_reference(results[0][0], reference, TOL)
 
 
 def test_a_ulysses_that_keeps_its_head_sharded_tensors_stays_on_the_caching_allocator(plans):

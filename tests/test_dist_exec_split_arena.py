@@ -22,7 +22,7 @@ from click.testing import CliRunner  # noqa: E402
 from memo_sim.layout.parallel import Layout  # noqa: E402
 from memo_sim.plan.schema import read_plan  # noqa: E402
 from tests.dist_harness import spawn  # noqa: E402
-from tests.exec_helpers import max_rel_error, one_process_run  # noqa: E402
+from tests.exec_helpers import assert_matches_reference, one_process_run, plan_step_on_rank  # noqa: E402
 
 TOY = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "512", "--dtype", "fp32", "--seq", "512"]
 TOL = 1e-5
@@ -95,38 +95,6 @@ def _both_orders_plan(plan_file, out):
     return path
 
 
-def _rank_run(rank: int, world: int, *plan_files: str) -> list[tuple]:
-    """One fp64 step of each plan on this rank (no optimizer), one process group for all: per plan the summed loss,
-    rank 0's whole gradients, the run's JSON memory-plan entries and the arena ranges still placed after the step."""
-    from memo_exec.device import DeviceSpec
-    from memo_exec.distributed.context import build_context
-    from memo_exec.distributed.runner import DistExecutor
-    from memo_exec.runner import RunOptions
-
-    out = []
-    for plan_file in plan_files:
-        plan = read_plan(plan_file)
-        ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), build_context(plan.layout,
-                          torch.device("cpu")), DeviceSpec("cpu"))
-        d = ex.describe()
-        ex.allocate()
-        rec = ex.step(0, optimizer=False)
-        grads = ex.full_gradients()
-        placed = sorted(getattr(ex.scratch, "_ranges", {}))  # nothing placed is live between steps
-        ex.close()
-        out.append((rec.loss, grads if rank == 0 else None, d.get("memory_plan"), d.get("memory_plan_not_used"),
-                    placed))
-    return out
-
-
-def _matches(result, reference) -> None:
-    """Rank 0's loss and gradients equal the single-process run's within `TOL`."""
-    ref_loss, ref_grads = reference
-    assert abs(result[0] - ref_loss) <= TOL * abs(ref_loss), (result[0], ref_loss)
-    err, name = max_rel_error(result[1], ref_grads)
-    assert err <= TOL, (name, err)
-
-
 def _followed(results) -> dict:
     """Every rank placed its layer scratch at the plan's offsets (no TP buffer left to the caching allocator, nothing
     placed between steps): rank 0's JSON ``memory_plan``."""
@@ -146,13 +114,13 @@ def test_a_tp2_sp_rank_places_its_layer_scratch_at_the_plans_offsets(tp2_sp_plan
     path = _both_orders_plan(tp2_sp_plan, tmp_path)
     plan = read_plan(path)
     assert memory_plan_not_followed(plan, device="cpu") is None  # no note at the start of the run
-    results = spawn(_rank_run, 2, str(path), timeout=120)
+    results = spawn(plan_step_on_rank, 2, str(path), timeout=120)
     used = _followed([r[0] for r in results])
     assert used["placed"]["fwd"] == ["fc2", "fc2_partial", "ln1_gathered", "ln2_gathered", "proj", "proj_partial"]
     assert {"d_h1_gathered", "dy_gathered", "ln1_gathered", "ln2_gathered"} <= set(used["placed"]["bwd"])
     assert used["plan_names"]["fwd"] == {"qkv_input_gathered": "ln1_gathered", "fc1_input_gathered": "ln2_gathered"}
     assert used["plan_names"]["bwd"]["d_proj_gathered"] == "d_h1_gathered"
-    _matches(results[0][0], reference)
+    assert_matches_reference(results[0][0], reference, TOL)
 
 
 def _overlapping(plan_file, out):
@@ -178,14 +146,14 @@ def test_memo_sims_own_tp2_sp_plan_is_followed_and_one_that_does_not_fit_is_not(
     line = memory_plan_not_followed(read_plan(bad), device="cpu")
     assert line and "not followed" in line and "tp 2 rank's layer" in line and "bwd:d_ln2 [" in line, line
     assert "\n" not in line
-    results = spawn(_rank_run, 2, str(tp2_sp_plan), str(bad), timeout=120)
+    results = spawn(plan_step_on_rank, 2, str(tp2_sp_plan), str(bad), timeout=120)
     used = _followed([r[0] for r in results])
     assert {"d_ln1", "d_ln1_partial", "d_ln2", "d_ln2_partial", "ln2_gathered"} <= set(used["placed"]["bwd"])
-    _matches(results[0][0], reference)
+    assert_matches_reference(results[0][0], reference, TOL)
     for r in results:  # the plan that does not fit: the caching allocator, the reason naming the tensor
         _, _, used, not_used, _ = r[1]
         assert used is None and "does not fit a tp 2 rank's layer" in not_used and "bwd:d_ln2 [" in not_used, not_used
-    _matches(results[0][1], reference)
+    assert_matches_reference(results[0][1], reference, TOL)
 
 
 def test_memo_sims_own_tp2_plan_without_sp_is_followed(reference, tmp_path):
@@ -196,8 +164,8 @@ def test_memo_sims_own_tp2_plan_without_sp_is_followed(reference, tmp_path):
     path = _sim_plan(tmp_path, "--no-sp")
     assert not read_plan(path).layout.sp
     assert memory_plan_not_followed(read_plan(path), device="cpu") is None
-    (r0,), (r1,) = spawn(_rank_run, 2, str(path), timeout=120)
+    (r0,), (r1,) = spawn(plan_step_on_rank, 2, str(path), timeout=120)
     used = _followed([r0, r1])
     assert {"d_ln1", "d_ln1_partial", "d_ln2", "d_ln2_partial"} <= set(used["placed"]["bwd"])
     assert not [n for ph in used["placed"].values() for n in ph if n.endswith("_gathered")]  # no SP gathers
-    _matches(r0, reference)
+    assert_matches_reference(r0, reference, TOL)

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from memo_sim.cli import cli
+from tests.cli_run import one_search
 from memo_sim.report import sensitivity as sens
 
 # --cp 1: no plan the lines name splits the sequence by ring CP, and the bound search's line, --simulate-top all's,
@@ -37,18 +38,7 @@ def simulated_all():
     """(JSON answer, text answer) of ``ARGS --simulate-top all``, the CLI's two renderings of one search: the
     exhaustive search (~20 s, the cost of two tests) runs once and each CLI run prints from its answer (the JSON first,
     so no rendering ran before it; the JSON holds no sensitivity line, the text's under `NETWORK`)."""
-    import memo_sim.cli.whatif as cli_whatif
-
-    search, done = cli_whatif.answer_whatif, []
-
-    def once(req, **kw):
-        if not done:
-            done.append((req, search(req, **kw)))
-        assert done[0][0] == req, "the shared search serves one request"
-        return done[0][1]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli_whatif, "answer_whatif", once)
+    with one_search() as mp:
         mp.setattr(sens, "PERTURBATIONS", NETWORK)
         js = CliRunner().invoke(cli, [*ARGS, "--json", "--simulate-top", "all"])
         text = CliRunner().invoke(cli, [*ARGS, "--simulate-top", "all"])

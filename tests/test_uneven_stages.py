@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from memo_sim.cli import cli
+from tests.cli_run import text_and_json
 from memo_sim.cost.sppo import stage_layer_count, stage_model_state_bytes, stage_params
 from memo_sim.engine.simulate import simulate
 from memo_sim.errors import MemoError
@@ -237,26 +238,6 @@ def test_a_rank_without_a_layer_runs_under_nproc(tmp_path):
     assert (tmp_path / "run" / "report.md").exists()
 
 
-def _text_and_json(args):
-    """(``args``' text answer, ``args + ["--json"]``'s), CliRunner results of the what-if printed both ways from one
-    search: the CLI runs `answer_whatif` for the JSON (printed first) and prints the text from the same answer, as a
-    second run of the same request would print it (the format is no part of the request, which is checked alike)."""
-    import memo_sim.cli.whatif as cli_whatif
-
-    search, done = cli_whatif.answer_whatif, []
-
-    def once(req, **kw):
-        if not done:
-            done.append((req, search(req, **kw)))
-        assert done[0][0] == req, "the shared search serves one request"
-        return done[0][1]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli_whatif, "answer_whatif", once)
-        js = CliRunner().invoke(cli, [*args, "--json"])
-        return CliRunner().invoke(cli, args), js
-
-
 def test_a_fixed_split_is_compared_with_the_searched_one():
     """A user's fixed split (DeepSeek-V3 at PP 8 as 4 and 3 layers at the ends) ranked 27.94 s without saying the
     what-if's own 6 and 7 runs 9% faster (a review): the answer compares the fixed split's best with the same
@@ -264,7 +245,7 @@ def test_a_fixed_split_is_compared_with_the_searched_one():
     args = ["whatif", "--model", "llama-3.1-8b", "--gpus", "8", "--seq", "32K", "--pp", "4",
             "--decoder-first-pipeline-num-layers", "5", "--decoder-last-pipeline-num-layers", "9", "--profile",
             "h100-sxm5-80gb", "--no-plan", "--jobs", "1"]
-    text, js = _text_and_json(args)  # one search, its text and --json
+    text, js = text_and_json(args)  # one search, its text and --json
     text = text.output
     assert "the pipeline split fixed costs" in text and "with the split left to the search" in text, text
     assert "tokens/GPU/s (simulated) against" in text  # each throughput with its tier
