@@ -38,7 +38,8 @@ import torch.distributed as dist
 
 from memo_exec.activations import make_policy
 from memo_exec.arena import AllocRecorder, ArenaScratch, CachingScratch
-from memo_exec.attention import AttnDims, device_why_not, layer_needs, meta_stand_in, select_backend
+from memo_exec.attention import (AttnDims, auto_backend_for, device_why_not, layer_needs, meta_stand_in,
+                                 preferred_backends, select_backend)
 from memo_exec.device import DTYPES, DeviceSpec, element_size
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
 from memo_exec.distributed.context import DistContext, local_token_index
@@ -95,6 +96,17 @@ def split_layer_why(lay, tp: int, moe: bool) -> str | None:
 def split_label(lay, tp: int) -> str:
     """The splits inside a rank's layer, ``"tp 2, cp 2"`` (empty where none)."""
     return ", ".join(f"{k} {v}" for k, v in (("tp", tp), ("cp", lay.cp), ("ulysses", lay.ulysses)) if v > 1)
+
+
+def rank_attention_dims(lay, model, micro: int, seq: int, tp: int) -> AttnDims:
+    """The attention kernel's dims on one rank of ``lay`` (``tp``: the flavour's split of the heads): ``micro``
+    sequences of the cp shard's ``seq // cp`` tokens over the heads left after TP and Ulysses, K/V heads repeated
+    before Ulysses' all-to-all (`memo_sim.layout.kv_heads`), with what the model's layers ask of the kernel
+    (`layer_needs`). What the rank chooses its kernel for (`DistExecutor`) and the launcher's note checks it with."""
+    u = lay.ulysses
+    r = lay.kv_repeat(model.n_kv_heads, model.heads)
+    return AttnDims(micro, seq // lay.cp, model.heads // (tp * u), model.n_kv_heads * r // (tp * u),
+                    model.qk_head_dim, **layer_needs(model))
 
 
 def meta_attention(lay, model, kernel: str | None):
@@ -193,11 +205,14 @@ def memory_plan_not_followed(plan: Plan, use_memory_plan: bool = True, layers: i
         model = dataclasses.replace(plan.model, layers=layers or plan.model.layers)
         flavour = flavour_for(lay.tp_mode)(LayoutContext(lay), model)
         name = attention_backend or plan.attention_backend
-        if name == "auto":  # only math takes scratch tensors: every CUDA kernel records the same requests
+        micro = plan.micro_batch or plan.batch
+        if name == "auto":  # what the rank's `select_backend` picks there, decided without running a kernel
             on_cpu = device.startswith("cpu") if device else not torch.cuda.is_available()
-            name = "math" if on_cpu else "sdpa_flash"
+            name = auto_backend_for("cpu" if on_cpu else "cuda", DTYPES[plan.model.dtype],
+                                    rank_attention_dims(lay, model, micro, plan.seq_tokens, flavour.size),
+                                    preferred_backends(plan.priced_attention_kernel()))
         try:
-            rank_layer_arena(plan, flavour, model, plan.micro_batch or plan.batch, DTYPES[plan.model.dtype],
+            rank_layer_arena(plan, flavour, model, micro, DTYPES[plan.model.dtype],
                              meta_attention(lay, model, name))
         except MemoryPlanError as e:
             why = split_plan_refused(label, e)
@@ -250,10 +265,8 @@ class DistExecutor(ExecutorBase):
         self.shard_seq = self.seq // (lay.cp * lay.ulysses)  # sequence length of this rank's shard
         self.local_T = self.flavour.local_tokens(self.micro * self.shard_seq)  # one micro-batch's rows here
         m = self.model
-        p = self.flavour.size
         r = lay.kv_repeat(m.n_kv_heads, m.heads)  # K/V heads repeated before Ulysses' all-to-all (`layout.kv_heads`)
-        inner_dims = AttnDims(self.micro, self.seq // lay.cp, m.heads // (p * lay.ulysses),
-                              m.n_kv_heads * r // (p * lay.ulysses), m.qk_head_dim, **layer_needs(m))
+        inner_dims = rank_attention_dims(lay, m, self.micro, self.seq, self.flavour.size)
         if lay.cp > 1:
             device_why_not(self.backend_name, self.device)  # asked for, as a one-device run refuses it
             # dK/dV in fp32 or the model's dtype, as the plan prices them (``Layout.ring_dkv_fp32``)
