@@ -35,9 +35,10 @@ dv back (4 all-to-alls), as an autograd Ulysses does (DeepSpeed's ``_SeqAllToAll
 the incoming gradient only; TransformerEngine's ``AttnFuncWithCPAndQKVOA2A.backward``: dout, then dq, dk, dv; as
 `memo_sim.cost.layer_time._ulysses_backward_resend` cites them, not re-checked here). Those copies live as long as
 the aux does (to the layer's backward, or under a policy that rebuilds the attention from its recompute),
-beside the policy's sequence-sharded q, k, v and attn: one more set of the four per layer than DeepSpeed holds
-(its attention saves the head-sharded ones alone), counted by the distributed runner's estimate
-(`memo_exec.distributed.runner.DistExecutor._estimate`, ``skeletal_resident``).
+beside the policy's sequence-sharded q, k, v and attn: the sequence-sharded q, k, v per layer more than the
+simulator prices for such a plan, which holds what DeepSpeed holds (its kernel's head-sharded q, k, v and out, its
+output projection's sequence-sharded attn: `memo_sim.cost.activations.ulysses_kept_scale`), counted by the
+distributed runner's estimate (`memo_exec.distributed.runner.DistExecutor._estimate`, ``skeletal_resident``).
 Where tp x u exceeds the model's K/V heads (a GQA model, r =
 tp·u / n_kv, `memo_sim.layout.kv_heads`), each of the rank's K/V heads is repeated r times on the
 head dimension before the all-to-all (`repeat_kv_heads`: head i becomes heads i·r .. i·r + r - 1,

@@ -21,7 +21,8 @@ from functools import lru_cache
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.attention_kernel import DROPOUT_MASK_BYTES, score_matrices
-from memo_sim.model.layer_graph import DTYPE_BYTES, TensorSpec, block_tensors, layer_tensors, separate_norms
+from memo_sim.model.layer_graph import (DTYPE_BYTES, TensorSpec, block_tensors, fp8_attention_copy, layer_tensors,
+                                        separate_norms)
 
 
 def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
@@ -52,6 +53,34 @@ def tensor_bytes(t: TensorSpec, layout: Layout, batch: int, seq: int) -> float:
     if t.routed:  # the busiest EP rank's copies; the ETP group's tokens where each ETP rank holds them whole
         b *= routed_load(layout, batch, seq, t.routed) * (layout.etp if t.etp_whole else 1)
     return b
+
+
+def ulysses_kept_scale(name: str, model: ModelConfig, layout: Layout) -> float:
+    """How many times a saved tensor's bytes (`tensor_bytes`) a layer keeps for its backward: 1, except where Ulysses
+    keeps the attention kernel's head-sharded inputs and output from the forward to the backward
+    (``layout.ulysses_bwd_resend`` False). There the all-to-all saves nothing (DeepSpeed's ``_SeqAllToAll``,
+    deepspeed/sequence/layer.py, whose forward keeps only the group and the indices; XTuner's and TransformerEngine's
+    a2a CP alike), the kernel (FlashAttention's autograd function) saves the head-sharded q, k, v and out it ran on,
+    and the output projection its sequence-sharded input: the kernel's K and V are each of the rank's K/V heads
+    repeated ``r`` times before the all-to-all (`Layout.kv_repeat`; the QK norm's output where the layer keeps it,
+    ``k_normed``, the norm keeping its input), r times their sequence-sharded bytes, and the attention output is kept
+    twice, the kernel's head-sharded one beside the projection's (once where the projection keeps only its quantised
+    copy, `fp8_attention_copy`: the kernel's is then the one counted). The head-sharded q has the sequence-sharded
+    one's bytes; the sequence-sharded q, k, v are freed once sent. A re-sending Ulysses (memo's executor) keeps the
+    sequence-sharded tensors and sends them again (`memo_sim.memplan.trace_gen.attention_buffers`)."""
+    if layout.ulysses == 1 or layout.ulysses_bwd_resend:
+        return 1.0
+    kernel_k = "k_normed" if model.qk_norm and model.qk_norm_kept else "k"
+    if name in (kernel_k, "v"):
+        return float(layout.kv_repeat(model.n_kv_heads, model.heads))
+    if name == "attn" and not fp8_attention_copy(model):
+        return 2.0
+    return 1.0
+
+
+def saved_bytes(t: TensorSpec, model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
+    """Bytes one GPU keeps of a layer's saved tensor from its forward to its backward (`ulysses_kept_scale`)."""
+    return tensor_bytes(t, layout, batch, seq) * ulysses_kept_scale(t.name, model, layout)
 
 
 def layer_rows(layout: Layout, batch: int, seq: int) -> int:
@@ -128,7 +157,7 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
     named = {**RECOMPUTE_GROUPS, "norms": separate_norms(model)}  # the norms that are modules of their own
     for t in layer_tensors(model, layout.tp_mode).values():
         if t.saved:
-            b = tensor_bytes(t, layout, batch, seq)
+            b = saved_bytes(t, model, layout, batch, seq)
             out[t.role] += b
             for g, names in named.items():
                 if t.name in names:
@@ -136,10 +165,15 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
     out["total"] = out["input"] + out["attn"] + out["other"]
     out.update(groups)
     out["scores"] = materialised_score_bytes(model, layout, batch, seq)
-    # the attention kernel's own output where the output projection keeps a quantised copy of it too
-    # (`memo_sim.model.layer_graph.fp8_attention_copy`): what re-running the attention core drops (selective recompute)
+    # what re-running the attention core drops (selective recompute; the checkpoint keeps its inputs q, k, v): the
+    # kernel's own output where the output projection keeps a quantised copy of it too
+    # (`memo_sim.model.layer_graph.fp8_attention_copy`), and what a keeping Ulysses' kernel holds beyond the
+    # sequence-sharded tensors (`ulysses_kept_scale`: K/V's repeats, its head-sharded output)
     tens = layer_tensors(model, layout.tp_mode)
-    out["attn_kernel_out"] = tensor_bytes(tens["attn"], layout, batch, seq) if "attn_fp8" in tens else 0.0
+    kernel_extra = sum(saved_bytes(t, model, layout, batch, seq) - tensor_bytes(t, layout, batch, seq)
+                       for t in tens.values() if t.saved)
+    out["attn_kernel_out"] = kernel_extra + (tensor_bytes(tens["attn"], layout, batch, seq) if "attn_fp8" in tens
+                                             else 0.0)
     out["op_sac_dropped"], out["op_sac_extra"] = _op_sac_bytes(model, layout, batch, seq)
     return out
 

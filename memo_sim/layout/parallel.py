@@ -100,7 +100,8 @@ XTuner 2024's repeat to the query heads).
 ``ulysses_bwd_resend``: Ulysses' backward all-to-alls the attention's inputs and output again before the kernel's
 backward (memo's executor by default: q, k, v, out and dout to head-sharded, then dq, dk, dv back; True, set by the
 ``any`` framework's data) where a framework's autograd keeps the head-sharded tensors and sends the gradients alone
-(dout, then dq, dk, dv: False, left out of `Layout.to_dict`; `memo_sim.cost.layer_time`); memo's executor runs
+(dout, then dq, dk, dv: False, left out of `Layout.to_dict`; `memo_sim.cost.layer_time`; what it keeps,
+`memo_sim.cost.activations.ulysses_kept_scale`); memo's executor runs
 either as the plan says (`memo_exec.distributed.attention.UlyssesAttention` ``resend``). ``ring_dkv_fp32``: ring
 CP's dK/dV accumulators travel in fp32 (True, set by the ``any`` framework's data) rather than the model's dtype
 (TransformerEngine's p2p CP; False, left out of `Layout.to_dict`; `memo_sim.cost.ring_attention.ring_shift_bytes`);

@@ -14,7 +14,7 @@ import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 
-from memo_sim.cost.activations import skeletal_bytes, tensor_bytes
+from memo_sim.cost.activations import saved_bytes, skeletal_bytes
 from memo_sim.cost.loss_kernels import FP32, loss_kernel
 from memo_sim.cost.memory import (CLASSIFIER_CHUNK_TOKENS, classifier_peak_bytes, loss_bytes_per_logit,
                                   loss_tokens, model_state_parts, mtp_activation_bytes, mtp_module_parts)
@@ -145,7 +145,7 @@ def _expand(lumps, model: ModelConfig, layout: Layout, batch: int, seq: int, pre
             share = comp.get(spec.role, 0.0) if spec.saved else 0.0
             if share <= 0:
                 continue
-            b = share * tensor_bytes(spec, layout, batch, seq)
+            b = share * saved_bytes(spec, model, layout, batch, seq)
             if b > 0:
                 out.append((t, f"{prefix}{name}.{t}", _nbytes(b), share))
     return out
@@ -408,8 +408,8 @@ def _mtp_module_tensors(model: ModelConfig, layout: Layout, batch: int, seq: int
     ``_concat_embeddings``, line 1331) and the normed embedding and hidden state (h a token each)."""
     if recompute:
         return [("hidden", layer_part / 2), ("embedding", layer_part / 2)]
-    out = [(t, tensor_bytes(spec, layout, batch, seq)) for t, spec in layer_tensors(model, layout.tp_mode).items()
-           if spec.saved]
+    out = [(t, saved_bytes(spec, model, layout, batch, seq))
+           for t, spec in layer_tensors(model, layout.tp_mode).items() if spec.saved]
     out.append(("scores", skeletal_bytes(model, layout, batch, seq)["scores"]))
     rest = max(0.0, layer_part - sum(b for _, b in out))
     return out + [("projection_input", rest / 2), ("normed_embedding", rest / 4), ("normed_hidden", rest / 4)]

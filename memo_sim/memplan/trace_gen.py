@@ -150,7 +150,8 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
       all-to-all buffers of the incoming attention gradient (attn) and of dq, dk, dv (q + r·(k + v)), and where
       the backward re-sends the forward's q, k, v and out (``layout.ulysses_bwd_resend``, memo's executor:
       memo_exec/distributed/attention.py ``UlyssesAttention.backward``) their head-sharded copies again,
-      q + r·(k + v) and attn (a framework that keeps the forward's holds them among the saved tensors instead).
+      q + r·(k + v) and attn (a framework that keeps the forward's holds them among the saved tensors instead:
+      `memo_sim.cost.activations.ulysses_kept_scale`).
     - materialised attention (``layout.attention``, `memo_sim.cost.attention_kernel`), e the
       GPU's score elements n_b·s²: forward, at the dropout, the softmax output, the dropout mask
       and the dropped probabilities, e·(2d + 1) (the scores are freed after the softmax);

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from memo_sim.cost.activations import tensor_bytes
+from memo_sim.cost.activations import saved_bytes
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.memory import model_state_parts
 from memo_sim.cost.moe import dispatcher_buffer_bytes
@@ -78,7 +78,7 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
         states = sum(model_state_parts(model, layout).values())
         expert_states = sum(model_state_parts(model, layout, experts_only=True).values())  # each part its own share
     tens = layer_tensors(model, layout.tp_mode)
-    tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
+    tb = {n: saved_bytes(t, model, layout, batch, seq) for n, t in tens.items()}  # as the layer keeps them
     routed = sum(tb[n] for n, t in tens.items() if t.routed and t.saved)
     other = sum(tb[n] for n, t in tens.items() if t.saved and not t.routed and t.role != "lse")
     memory = {"dense states": round(states - expert_states), "expert states": round(expert_states),
