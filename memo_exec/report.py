@@ -281,14 +281,17 @@ def loss_kernel_note(plan) -> str | None:
 def ulysses_kept_note(plan) -> str | None:
     """Where the plan's Ulysses backward sends the gradients alone (``Layout.ulysses_bwd_resend`` False: an autograd
     Ulysses, DeepSpeed's or TransformerEngine's): memo-exec's `UlyssesAttention` then keeps the forward's head-sharded
-    q, k, v and output for the backward beside the sequence-sharded ones its policy stores, which the simulator
-    prices once (memo_exec/distributed/attention.py); None where the plan re-sends them or has no Ulysses."""
+    q, k, v and output for the backward beside the sequence-sharded ones its policy stores, where the simulator prices
+    what the framework keeps, the head-sharded tensors and the output projection's sequence-sharded input
+    (`memo_sim.cost.activations.ulysses_kept_scale`): memo-exec holds the sequence-sharded q, k, v more
+    (memo_exec/distributed/attention.py); None where the plan re-sends them or has no Ulysses."""
     lay = plan.layout
     if lay.ulysses == 1 or lay.ulysses_bwd_resend:
         return None
     return ("Ulysses backward: as the plan prices it, memo-exec sends the gradients alone and keeps the forward's "
             "head-sharded q, k, v and output for the backward, beside the sequence-sharded ones its policy stores "
-            "(the simulator prices one copy), so the kept-activation row reads that much above the prediction; plan "
+            "(the simulator prices what the framework keeps: the head-sharded ones and the output projection's "
+            "input), so the kept-activation row reads the sequence-sharded q, k, v above the prediction; plan "
             "without --framework (memo-exec re-sends them) to compare memory like with like")
 
 
