@@ -2,7 +2,8 @@
 
 `Bench.time(fn)` runs ``fn`` once to warm up (allocations, kernel selection, lazy init), times
 one more call to choose how many repeats fill ``target_s`` (between ``min_repeats`` and
-``max_repeats``), then times each repeat on its own and reports the median and the minimum. On
+``max_repeats``; on a CPU a repeat's cost counts the cold-cache write before it, untimed but spent:
+below), then times each repeat on its own and reports the median and the minimum. On
 CUDA each repeat is bracketed by events on the current stream, so a caller that wraps the call
 in ``torch.cuda.stream(s)`` times work on ``s``. On a CPU the call timed to choose the count is
 timed as every repeat is (caches written over, then one call), so it is the first of the repeats,
@@ -37,7 +38,10 @@ as slow as after twice the last-level cache. What sysfs reports of a virtual mac
 whole L3, most of it held by the other tenants: on the 2-core Xeon VM this project moved to (300 MiB
 of L3 reported), 32 to 64 MiB left the probe GEMM as slow as 600 MiB did (2026-12-01: 0.36-0.40 ms
 against 0.38 ms, 0.25 ms warm), and the 600 MiB write took 0.1 to 0.4 s a repeat, more than every
-kernel of a quick calibration, and of every CPU run's speed probe (`memo_exec.speed_probe`).
+kernel of a quick calibration, and of every CPU run's speed probe (`memo_exec.speed_probe`). So a
+repeat's write counts toward ``target_s``: a kernel shorter than the write gets ``min_repeats``, where
+counting the kernel alone gave it ``max_repeats`` writes (2026-12-02: a quick calibration's 72 GEMMs
+of about 0.2 ms took 10 repeats each, 11 writes of 256-600 MiB around each kernel).
 
 `Bench.time_kernel(fn)` is for one kernel's own time (the GEMM suite): on CUDA, where one launch
 takes under ``GRAPH_BELOW_S``, it captures ``ceil(GRAPH_BELOW_S / probe)`` calls in a CUDA graph and
@@ -235,12 +239,21 @@ class Bench:
             fn()
         self.sync()
         samples: list[float] = []
+        flush_s = 0.0  # the cold-cache write before each CPU repeat: untimed, but spent all the same
         if repeats is None or self.cuda:
-            probe = self._once(fn)
-            if not self.cuda:  # evict, then one call: timed as a repeat is, so it is the first repeat
+            if self.cuda:
+                probe = self._once(fn)
+            else:  # evict, then one call: timed as a repeat is, so it is the first repeat
+                t0 = time.perf_counter()
+                self.evict()
+                t1 = time.perf_counter()
+                fn()
+                probe, flush_s = time.perf_counter() - t1, t1 - t0
                 samples.append(probe)
         if repeats is None:
-            repeats = int(self.target_s / probe) if probe > 0 else self.max_repeats
+            # as many repeats as fill target_s, each one call and the write before it (module docs)
+            per = probe + flush_s
+            repeats = int(self.target_s / per) if per > 0 else self.max_repeats
             repeats = max(self.min_repeats, min(self.max_repeats, repeats))
         if self.cuda:
             evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

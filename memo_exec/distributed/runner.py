@@ -38,9 +38,9 @@ import torch.distributed as dist
 
 from memo_exec.activations import make_policy
 from memo_exec.arena import AllocRecorder, ArenaScratch, CachingScratch
-from memo_exec.attention import (AttnDims, auto_backend_for, device_why_not, layer_needs, meta_stand_in,
-                                 preferred_backends, select_backend)
-from memo_exec.device import DTYPES, DeviceSpec, element_size
+from memo_exec.attention import (CUDA_ONLY, AttnDims, auto_backend_for, device_why_not, layer_needs,
+                                 meta_stand_in, preferred_backends, select_backend)
+from memo_exec.device import DTYPES, DeviceSpec, element_size, resolve_device
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
 from memo_exec.distributed.context import DistContext, local_token_index
 from memo_exec.distributed.schedule import schedule_for
@@ -68,6 +68,9 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
                         f"but the world size is {world}; launch with --nproc {lay.gpus} "
                         f"(torchrun --nproc-per-node {lay.gpus})")
     flavour_for(lay.tp_mode)
+    name = opts.attention_backend or plan.attention_backend
+    if name in CUDA_ONLY:  # as every rank would refuse it (`DistExecutor`), before torchrun starts them
+        device_why_not(name, resolve_device(opts.device).torch_device)
     model = run_model(plan, opts)
     if model.layers != plan.model.layers:  # --layers N: the schedule's split must hold for N layers
         plan = dataclasses.replace(plan, model=model)
