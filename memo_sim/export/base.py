@@ -137,7 +137,8 @@ def best_runnable(plan: Plan, framework: str, jobs: int = 1, progress=None,
     balance = {"moe_balance": changed or plan.layout.moe_balance} if model.moe else {}
     ans = answer_whatif(WhatifRequest(model=model, seq=plan.seq_tokens, gpus=plan.gpus,
                                       profile=load_profile(plan.profile), global_batch=plan.batch * plan.layout.dp,
-                                      framework=framework, jobs=jobs, **balance), progress=progress)
+                                      framework=framework, jobs=jobs, **balance), progress=progress,
+                       comparisons=False)  # its best alone: none of the answer's comparison searches
     best = ans.best
     if best is None:
         return None, None

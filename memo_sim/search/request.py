@@ -225,13 +225,20 @@ def plain_recipe(model) -> str:
     return get_framework("any").for_model(model).recipe.name
 
 
-def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None) -> WhatifAnswer:
+def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, comparisons: bool = True) -> WhatifAnswer:
     """Both tiers of ``req`` (`rank`; ``while_waiting`` its); with a named framework also memo's
-    best with the same cluster and fixed options; when nothing fits, what was not searched."""
+    best with the same cluster and fixed options; when nothing fits, what was not searched. ``comparisons`` False:
+    the ranked search and its advice alone, none of the searches the answer compares its best with (memo's own
+    beside a framework, bf16 beside FP8, the split searched beside a fixed one), for a caller that reads the best
+    alone (`memo_sim.export.base.best_runnable`: an export's nearest plan, where memo's own search took over half its
+    time, 2026-12-02)."""
     req.profile.peak(req.model.dtype)  # a clear error if the profile has no peak for the model's dtype
     check_gemm_format(req.model, req.profile)  # ... or for its GEMM format
     result = rank(req.model, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top, progress=progress,
                   allocator_lag=req.allocator_lag, jobs=req.jobs, while_waiting=while_waiting, **req.search_kwargs())
+    if not comparisons:
+        return WhatifAnswer(req, result, advice=[] if result.best is not None else
+                            not_searched(req.gpus, req.searched_policies, req.framework, req.fixed()))
     memo_best = None
     if req.framework != "any":  # memo's own best for the same model: the framework's model-state recipe kept
         same = replace(req.model, precision=get_framework(req.framework).for_model(req.model).precision)
