@@ -22,6 +22,7 @@ from click.testing import CliRunner  # noqa: E402
 from memo_exec.cli import cli  # noqa: E402
 from memo_sim.layout.parallel import Layout  # noqa: E402
 from memo_sim.plan.schema import write_plan  # noqa: E402
+from tests.cli_run import run_sim  # noqa: E402
 from tests.dist_cases import plan_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -207,12 +208,9 @@ def test_whatif_pipelined_memo_plan_runs_its_memory_plan_under_nproc(tmp_path):
     """[exec-complete] item 2: the what-if's pp 2 x dp 2 MEMO plan carries its memory plan (level 2 per
     pipeline rank) and `memo-exec run --nproc 4 --device cpu` runs it with each stage's layer scratch at
     the plan's offsets (the gradients against one process: tests/test_pipeline_exec_dist.py)."""
-    r = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--layers", "6", "--hidden", "64", "--heads",
-                        "4", "--ffn", "256", "--vocab", "128", "--dtype", "fp32", "--seq", "512", "--gpus", "4",
-                        "--pp", "2", "--dp", "2", "--schedule", "1f1b", "--policy", "memo", "--alpha", "0.5",
-                        "--jobs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300, env=_env(),
-                       cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    run_sim(["whatif", "--layers", "6", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128", "--dtype",
+             "fp32", "--seq", "512", "--gpus", "4", "--pp", "2", "--dp", "2", "--schedule", "1f1b", "--policy", "memo",
+             "--alpha", "0.5", "--jobs", "1", "--out", tmp_path])  # in process: a Python start-up fewer
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["layout"]["pp"] == 2 and [s["stage"] for s in plan["memory_plan"]["stages"]] == [0, 1]
     doc = _run_nproc(tmp_path / "plan.json", tmp_path / "run", 4, 2)
@@ -241,11 +239,9 @@ def test_whatif_pipeline_plan_with_a_sequence_group_runs_under_nproc(tmp_path, g
     micro-batches, 3 layers a stage) run under `memo-exec run --nproc 4 --device cpu`: every rank
     reports the same losses, MEMO offloads (alpha 0.5), and the outputs merge the 4 ranks (the gradients against one
     process: tests/test_pipeline_exec_dist.py)."""
-    r = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--layers", "6", "--hidden", "64", "--heads",
-                        "4", "--ffn", "256", "--vocab", "128", "--dtype", "fp32", "--seq", "512", "--gpus", "4",
-                        "--pp", "2", *group, "--schedule", "1f1b", "--policy", "memo", "--alpha", "0.5", "--jobs", "1", "--out",
-                        str(tmp_path)], capture_output=True, text=True, timeout=300, env=_env(), cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    run_sim(["whatif", "--layers", "6", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128", "--dtype",
+             "fp32", "--seq", "512", "--gpus", "4", "--pp", "2", *group, "--schedule", "1f1b", "--policy", "memo",
+             "--alpha", "0.5", "--jobs", "1", "--out", tmp_path])  # in process: a Python start-up fewer
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["layout"]["pp"] == 2 and plan["schedule"] == "1f1b"
     doc = _run_nproc(tmp_path / "plan.json", tmp_path / "run", 4, 3)

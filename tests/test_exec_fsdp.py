@@ -8,6 +8,7 @@ from the ranks' recorded spans; refusals (one line, exit 2, naming the field).""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -28,6 +29,9 @@ from tests.exec_helpers import max_rel_error, time_limit  # noqa: E402
 
 TOL = 1e-5  # as tests/test_dist_exec.py's ZeRO cases
 SEQ = 128
+# the sharded cases' model: SMALL's 4 layers at a quarter of its width (the gathers, reduce-scatters and replica
+# all-reduces are per layer, whatever its size; SMALL's h=256 made the ranks' fp64 steps most of these tests' time)
+MODEL = dataclasses.replace(SMALL, name="small-fsdp", hidden=64, heads=4, ffn=256, vocab=128)
 FSDP = dict(dp=4, zero=3, dp_mode="fsdp")
 CASES = [
     (dict(FSDP), "store_all"), (dict(FSDP), "full_recompute"), (dict(FSDP), "memo"),
@@ -63,7 +67,7 @@ def fsdp_rank_case(rank: int, world: int, cases) -> list:
     out = []
     for lay_kw, pol in cases:
         lay = Layout(**lay_kw)
-        plan = plan_for(lay, SEQ, pol)
+        plan = plan_for(lay, SEQ, pol, model=MODEL)
         ctx = build_context(lay, torch.device("cpu"))
         ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=1), ctx, DeviceSpec("cpu"))
         ex.allocate()
@@ -86,7 +90,8 @@ def _reference(pol: str, batch: int):
     """Single-process fp64: loss and gradients of the global batch, weights after one step."""
     from memo_exec.runner import Executor
 
-    ex = Executor(plan_for(Layout(), SEQ, pol, batch=batch), RunOptions(device="cpu", dtype="fp64", steps=1))
+    ex = Executor(plan_for(Layout(), SEQ, pol, batch=batch, model=MODEL),
+                  RunOptions(device="cpu", dtype="fp64", steps=1))
     ex.allocate()
     try:
         loss = float(ex.forward_backward(0).item())
@@ -128,7 +133,7 @@ def test_fsdp_and_hsdp_match_single_process(runs):
 @pytest.mark.slow
 @limited(120)
 def test_hsdp_shards_over_two_ranks_and_all_reduces_over_the_replicas(runs):
-    layers = SMALL.layers
+    layers = MODEL.layers
     for i, (lay, pol) in enumerate(CASES):
         S = lay.get("fsdp_shard") or 4
         for r in runs:
@@ -146,7 +151,7 @@ def test_hsdp_shards_over_two_ranks_and_all_reduces_over_the_replicas(runs):
 @pytest.mark.slow
 @limited(120)
 def test_all_gathers_per_step_two_per_layer_resharded_one_kept(runs):
-    layers = SMALL.layers
+    layers = MODEL.layers
     for i, (lay, pol) in enumerate(CASES):
         per_layer = 1 if lay.get("reshard_after_forward") is False else 2
         for r in runs:
@@ -182,7 +187,7 @@ def fsdp_micro_case(rank: int, world: int, cases) -> list:
 
     out = []
     for lay_kw, pol, batch, micro in cases:
-        plan = plan_for(Layout(**lay_kw), SEQ, pol, batch=batch)
+        plan = plan_for(Layout(**lay_kw), SEQ, pol, batch=batch, model=MODEL)
         plan.micro_batch = micro
         events: list = []
         loss, grads = loss_and_grads(plan, rank, events)
@@ -220,12 +225,12 @@ def test_fsdp_and_hsdp_accumulate_micro_batches():
         assert abs(runs[0][i][0] - ref_loss) <= TOL * abs(ref_loss), (lay, pol, runs[0][i][0], ref_loss)
         err, name = max_rel_error(runs[0][i][1], ref_grads)
         assert err <= TOL, (lay, pol, name, err)
-        m, layers = batch // micro, range(SMALL.layers)
+        m, layers = batch // micro, range(MODEL.layers)
         counts = runs[0][i][2]
         gathers = m * (2 if lay.get("reshard_after_forward", True) else 1)
         assert {k: counts["param_all_gather"][k] for k in layers} == {k: gathers for k in layers}, counts
         assert counts["grad_reduce_scatter"][None] == m and all(counts["grad_reduce_scatter"][k] == m for k in layers)
-        sim = simulate(SMALL, Layout(**lay), batch, SEQ, policy_of(pol), load_profile("a800-80gb"), micro_batch=micro,
+        sim = simulate(MODEL, Layout(**lay), batch, SEQ, policy_of(pol), load_profile("a800-80gb"), micro_batch=micro,
                        record=True, keep_timeline=False)
         sim_gathers = {k: sum(o.name == "allgather_weights" and o.layer == k for o in sim.ops) for k in layers}
         assert sim_gathers == {k: gathers for k in layers}, (lay, sim_gathers)
@@ -247,7 +252,7 @@ def fsdp_pipeline_case(rank: int, world: int, cases) -> list:
 
     out = []
     for lay_kw, schedule, pol, batch, steps in cases:
-        plan = plan_for(Layout(**lay_kw), SEQ, pol, batch=batch)
+        plan = plan_for(Layout(**lay_kw), SEQ, pol, batch=batch, model=MODEL)
         plan.schedule, plan.micro_batch = schedule, 1
         ex = DistExecutor(plan, RunOptions(device="cpu", dtype="fp64", steps=max(1, steps)),
                           build_context(plan.layout, torch.device("cpu")), DeviceSpec("cpu"))
@@ -289,14 +294,14 @@ def test_fsdp_beside_pipeline_stages_matches_single_process():
              (dict(PP_FSDP), "1f1b", "full_recompute", 4, 0)]
     runs = spawn(fsdp_pipeline_case, 4, cases, timeout=300)
     for i, (lay, schedule, pol, batch, steps) in enumerate(cases):
-        ref_loss, ref_grads, ref_losses = reference(SEQ, pol, 2 * batch, steps)
+        ref_loss, ref_grads, ref_losses = reference(SEQ, pol, 2 * batch, steps, model=MODEL)
         what = (lay, schedule, pol)
         assert abs(runs[0][i][0] - ref_loss) <= TOL * abs(ref_loss), (what, runs[0][i][0], ref_loss)
         err, name = max_rel_error(runs[0][i][1], ref_grads)
         assert err <= TOL, (what, name, err)
         for a, b in zip(runs[0][i][5], ref_losses, strict=True):
             assert abs(a - b) <= TOL * abs(b), (what, runs[0][i][5], ref_losses)
-        sim = simulate(SMALL, Layout(**lay), batch, SEQ, policy_of(pol), load_profile("a800-80gb"), schedule=schedule,
+        sim = simulate(MODEL, Layout(**lay), batch, SEQ, policy_of(pol), load_profile("a800-80gb"), schedule=schedule,
                        micro_batch=1, record=True, keep_timeline=False)
         for r in runs:
             counts, held = r[i][2], r[i][3]

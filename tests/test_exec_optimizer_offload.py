@@ -107,13 +107,18 @@ def test_single_process_bf16_with_main_grads_matches():
     assert runs[0] == runs[1] and all(math.isfinite(x) for x in runs[0])
 
 
-def test_whatif_optimizer_offload_plan_runs_under_nproc(tmp_path):
+def test_whatif_optimizer_offload_plan_runs_under_nproc(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli as sim_cli
+
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "memo_sim.cli", "whatif", "--layers", "2", "--hidden", "64", "--heads", "4",
-                        "--ffn", "256", "--vocab", "128", "--dtype", "fp32", "--seq", "256", "--gpus", "2", "--dp", "2",
-                        "--zero", "1", "--optimizer-offload", "--policy", "store_all", "--jobs", "1", "--out",
-                        str(tmp_path)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    monkeypatch.chdir(tmp_path)  # the what-if in this process (it only writes the plan), from the folder as before
+    r = CliRunner().invoke(sim_cli, ["whatif", "--layers", "2", "--hidden", "64", "--heads", "4", "--ffn", "256",
+                                     "--vocab", "128", "--dtype", "fp32", "--seq", "256", "--gpus", "2", "--dp", "2",
+                                     "--zero", "1", "--optimizer-offload", "--policy", "store_all", "--jobs", "1",
+                                     "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "plan.json").read_text())["layout"]["optimizer_offload"] is True
     r = subprocess.run([sys.executable, "-m", "memo_exec", "run", str(tmp_path / "plan.json"), "--nproc", "2",
                         "--device", "cpu", "--steps", "2", "--out", str(tmp_path / "run"), "--json"],
