@@ -491,6 +491,18 @@ def priced_kernel_note(priced_kernel: str | None, ran: str | None, device_kind: 
             f"(--attention-backend {want[0]} asks for it)")
 
 
+def rank_attention_dims(lay, model, micro: int, seq: int, tp: int) -> AttnDims:
+    """The attention kernel's dims on one rank of ``lay`` (``tp``: the flavour's split of the heads): ``micro``
+    sequences of the cp shard's ``seq // cp`` tokens over the heads left after TP and Ulysses, K/V heads repeated
+    before Ulysses' all-to-all (`memo_sim.layout.kv_heads`), with what the model's layers ask of the kernel
+    (`layer_needs`). What a distributed rank chooses its kernel for (`memo_exec.distributed.runner.DistExecutor`), the launcher's
+    note checks it with, and a one-rank trace sizes it with (`memo_exec.trace`)."""
+    u = lay.ulysses
+    r = lay.kv_repeat(model.n_kv_heads, model.heads)
+    return AttnDims(micro, seq // lay.cp, model.heads // (tp * u), model.n_kv_heads * r // (tp * u),
+                    model.qk_head_dim, **layer_needs(model))
+
+
 def auto_backend_for(device_type: str, dtype: torch.dtype, dims: AttnDims, prefer: tuple[str, ...] = ()) -> str:
     """What ``auto`` resolves to on a device of this type, decided without running a kernel (for
     a trace recorded on the meta device): math on a CPU; on CUDA the first of ``prefer`` (the plan's

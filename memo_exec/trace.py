@@ -21,8 +21,8 @@ import torch
 
 from memo_exec.arena import AllocRecorder, CachingScratch
 from memo_exec.activations import make_policy, sim_policy_name
-from memo_exec.attention import (AttentionBackend, AttnDims, auto_backend_for, layer_needs, meta_stand_in,
-                                 preferred_backends, select_backend)
+from memo_exec.attention import (AttentionBackend, AttnDims, auto_backend_for, meta_stand_in, preferred_backends,
+                                 rank_attention_dims, select_backend)
 from memo_exec.device import DTYPES, compute_dtype, resolve_device
 from memo_exec.errors import ExecError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, \
@@ -186,10 +186,7 @@ def record_layer_trace(plan: Plan, device: str | None = None, dtype: str | None 
 
 def _dims(plan: Plan) -> AttnDims:
     """The attention kernel's dims on one rank (the whole layer on one device)."""
-    m, lay = plan.model, plan.layout
-    split = lay.tp * lay.ulysses
-    return AttnDims(plan.batch, plan.seq_tokens // lay.cp, m.heads // split,
-                    m.n_kv_heads * lay.kv_repeat(m.n_kv_heads, m.heads) // split, m.qk_head_dim, **layer_needs(m))
+    return rank_attention_dims(plan.layout, plan.model, plan.batch, plan.seq_tokens, plan.layout.tp)
 
 
 def record_cuda_history(plan: Plan, device: str | None = None, dtype: str | None = None,

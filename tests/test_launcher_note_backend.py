@@ -51,7 +51,7 @@ def test_cuda_auto_on_a_windowed_model_checks_the_kernel_the_rank_picks(windowed
 
     plan = windowed_tp2_plan
     line = memory_plan_not_followed(plan, device="cuda")  # before: BackendError "sdpa_flash runs no sliding windows"
-    from memo_exec.distributed.runner import rank_attention_dims
+    from memo_exec.attention import rank_attention_dims
 
     dims = rank_attention_dims(plan.layout, plan.model, plan.micro_batch or plan.batch, plan.seq_tokens, 2)
     assert dims.window == 128 and dims.heads == 4  # the rank's half of the 8 heads, the model's window

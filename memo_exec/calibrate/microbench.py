@@ -218,18 +218,20 @@ class Bench:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def _once(self, fn: Callable[[], object]) -> float:
+    def _once(self, fn: Callable[[], object]) -> tuple[float, float]:
+        """One timed call and the untimed cold-cache write before it (0 on CUDA), in seconds."""
         if self.cuda:
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             fn()
             e.record()
             e.synchronize()
-            return s.elapsed_time(e) / 1e3
-        self.evict()
+            return s.elapsed_time(e) / 1e3, 0.0
         t0 = time.perf_counter()
+        self.evict()
+        t1 = time.perf_counter()
         fn()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t1, t1 - t0
 
     def time(self, fn: Callable[[], object], repeats: int | None = None, warmup: int | None = None) -> Timing:
         """``fn``'s `Timing` (module docs); ``warmup``: untimed calls first (default the bench's), 0 where the
@@ -239,16 +241,9 @@ class Bench:
             fn()
         self.sync()
         samples: list[float] = []
-        flush_s = 0.0  # the cold-cache write before each CPU repeat: untimed, but spent all the same
         if repeats is None or self.cuda:
-            if self.cuda:
-                probe = self._once(fn)
-            else:  # evict, then one call: timed as a repeat is, so it is the first repeat
-                t0 = time.perf_counter()
-                self.evict()
-                t1 = time.perf_counter()
-                fn()
-                probe, flush_s = time.perf_counter() - t1, t1 - t0
+            probe, flush_s = self._once(fn)  # flush_s: the CPU repeat's write, untimed but spent all the same
+            if not self.cuda:  # evict, then one call: timed as a repeat is, so it is the first repeat
                 samples.append(probe)
         if repeats is None:
             # as many repeats as fill target_s, each one call and the write before it (module docs)
@@ -266,10 +261,7 @@ class Bench:
             samples = [s.elapsed_time(e) / 1e3 for s, e in evs]
         else:
             while len(samples) < repeats:
-                self.evict()
-                t0 = time.perf_counter()
-                fn()
-                samples.append(time.perf_counter() - t0)
+                samples.append(self._once(fn)[0])
         return Timing(statistics.median(samples), min(samples), repeats, self.stat)
 
     def time_kernel(self, fn: Callable[[], object]) -> Timing:

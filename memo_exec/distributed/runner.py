@@ -38,8 +38,8 @@ import torch.distributed as dist
 
 from memo_exec.activations import make_policy
 from memo_exec.arena import AllocRecorder, ArenaScratch, CachingScratch
-from memo_exec.attention import (CUDA_ONLY, AttnDims, auto_backend_for, device_why_not, layer_needs,
-                                 meta_stand_in, preferred_backends, select_backend)
+from memo_exec.attention import (CUDA_ONLY, auto_backend_for, device_why_not, meta_stand_in, preferred_backends,
+                                 rank_attention_dims, select_backend)
 from memo_exec.device import DTYPES, DeviceSpec, element_size, resolve_device
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
 from memo_exec.distributed.context import DistContext, local_token_index
@@ -99,17 +99,6 @@ def split_layer_why(lay, tp: int, moe: bool) -> str | None:
 def split_label(lay, tp: int) -> str:
     """The splits inside a rank's layer, ``"tp 2, cp 2"`` (empty where none)."""
     return ", ".join(f"{k} {v}" for k, v in (("tp", tp), ("cp", lay.cp), ("ulysses", lay.ulysses)) if v > 1)
-
-
-def rank_attention_dims(lay, model, micro: int, seq: int, tp: int) -> AttnDims:
-    """The attention kernel's dims on one rank of ``lay`` (``tp``: the flavour's split of the heads): ``micro``
-    sequences of the cp shard's ``seq // cp`` tokens over the heads left after TP and Ulysses, K/V heads repeated
-    before Ulysses' all-to-all (`memo_sim.layout.kv_heads`), with what the model's layers ask of the kernel
-    (`layer_needs`). What the rank chooses its kernel for (`DistExecutor`) and the launcher's note checks it with."""
-    u = lay.ulysses
-    r = lay.kv_repeat(model.n_kv_heads, model.heads)
-    return AttnDims(micro, seq // lay.cp, model.heads // (tp * u), model.n_kv_heads * r // (tp * u),
-                    model.qk_head_dim, **layer_needs(model))
 
 
 def meta_attention(lay, model, kernel: str | None):
