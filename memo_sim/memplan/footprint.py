@@ -321,6 +321,113 @@ def sppo_unit_working_bytes(model: ModelConfig, layout: Layout, batch: int, toke
     return cached, boundary, classifier_peak_bytes(model, shard, batch, tokens)
 
 
+@dataclass(frozen=True)
+class StageUnits:
+    """One SPPO stage's units (piece k through layer j, unit u = k·n_l + j, in forward order) as `sppo_stage_walk`
+    reads them: per piece, its unit's skeletal bytes (lse aside), lse and offloaded bytes, each as (offloaded,
+    kept) values (the first ``n_off`` units offload, the rest keep everything: `offloaded_layer_count`); its K/V
+    (an earlier piece's, cached until its dK/dV is done) and the gradient of its final hidden state (the last
+    stage's, held from the classifier to the piece's backward); the dK/dV accumulators the last piece's backward
+    allocates per layer (``dkv_last``)."""
+
+    n_l: int
+    n_off: int
+    skeletal: tuple[list[float], list[float]]
+    lse: tuple[list[float], list[float]]
+    offload: tuple[list[float], list[float]]
+    kv: list[float]
+    dgrad: list[float]
+    dkv_last: float
+
+    def unit_values(self, per_piece: tuple[list[float], list[float]]):
+        """A per-piece (offloaded, kept) pair as one value per unit."""
+        import numpy as np
+
+        off, keep = (np.repeat(np.asarray(v, dtype=np.float64), self.n_l) for v in per_piece)
+        return np.where(np.arange(off.size) < self.n_off, off, keep)
+
+    def first_units_sum(self, per_piece: list[float]) -> float:
+        """A per-piece value summed over the offloaded units (the first ``n_off``), one after the other."""
+        import numpy as np
+
+        if self.n_off == 0:
+            return 0.0
+        return float(np.cumsum(np.repeat(np.asarray(per_piece, dtype=np.float64), self.n_l)[:self.n_off])[-1])
+
+
+def sppo_stage_walk(units: StageUnits, states: float, work: float, classifier: float,
+                    last_stage: bool) -> tuple[float, tuple[str, int], tuple, float, float]:
+    """Peak bytes of one SPPO stage over its schedule (`sppo_memory`'s docs): (peak, (phase, unit), the peak's
+    (skeletal, lse, dK/dV, final-hidden gradients, working block, classifier) bytes, the skeletal bytes left after
+    the forward, the largest dK/dV accumulators held).
+
+    The schedule, unit by unit: forward u allocates its skeletal bytes and lse (a peak candidate with the working
+    block), then unit u-1's offload has left; on the last stage the classifier follows a piece's last layer (a
+    candidate with the classifier's peak instead of the working block) and its gradient stays. After the forward the
+    last unit's offload leaves. Backward v (last first): unit v-1's prefetch arrives (an offloaded one), the
+    classifier's gradient of the piece is consumed at its last layer, the last piece's backward adds one layer's
+    dK/dV accumulators; a candidate with the working block; then v's bytes go, and an earlier piece's K/V cache with
+    it. Every running total is one running sum of these steps in this order (``numpy.cumsum`` adds one after the
+    other, as a loop would), and the peak is the first largest candidate."""
+    import numpy as np
+
+    n_l, n_off = units.n_l, units.n_off
+    sk, lse, off = (units.unit_values(v) for v in (units.skeletal, units.lse, units.offload))
+    n_u = sk.size
+    n_k = n_u // n_l
+    piece = np.arange(n_u) // n_l
+    head = (np.arange(n_u) % n_l == n_l - 1) if last_stage else np.zeros(n_u, dtype=bool)
+    dgrad_u = np.asarray(units.dgrad, dtype=np.float64)[piece]
+    kv_u = np.asarray(units.kv, dtype=np.float64)[piece]
+    # steps: forward (n_u x 5: +skeletal, [candidate], -previous offload, [classifier], +hidden grad), one step
+    # (the last offload), backward (n_u x 5 in reverse: +prefetch, -hidden grad, +dK/dV, [candidate], -unit)
+    f_skel, f_lse, f_dg = (np.zeros((n_u, 5)) for _ in range(3))
+    f_skel[:, 0] = sk
+    f_skel[1:, 2] = -off[:-1]
+    f_lse[:, 0] = lse
+    f_dg[:, 4] = np.where(head, dgrad_u, 0.0)
+    rev = slice(None, None, -1)
+    b_skel, b_lse, b_dg, b_dkv = (np.zeros((n_u, 5)) for _ in range(4))
+    v = np.arange(n_u)[rev]
+    prefetch = (v > 0) & (v <= n_off)
+    b_skel[:, 0] = np.where(prefetch, off[np.maximum(v - 1, 0)], 0.0)
+    b_skel[:, 4] = -sk[rev]
+    b_lse[:, 4] = -lse[rev]
+    b_dg[:, 1] = -np.where(head, dgrad_u, 0.0)[rev]
+    last_piece = piece[rev] == n_k - 1
+    b_dkv[:, 2] = np.where(last_piece, units.dkv_last, 0.0)
+    b_dkv[:, 4] = -np.where(last_piece, 0.0, kv_u[rev])
+
+    def run(f, mid, b):
+        return np.cumsum(np.concatenate([f.ravel(), [mid], b.ravel()]))
+
+    skel = run(f_skel, -off[-1] if n_u else 0.0, b_skel)
+    lse_t = run(f_lse, 0.0, b_lse)
+    dg = run(f_dg, 0.0, b_dg)
+    dkv = np.cumsum(np.concatenate([np.zeros(5 * n_u + 1), b_dkv.ravel()]))
+    fwd = np.arange(n_u) * 5  # a unit's first step
+    bwd = 5 * n_u + 1 + np.arange(n_u) * 5
+    f_at, c_at, b_at = fwd, fwd + 2, bwd + 2  # the totals each candidate reads (after these steps)
+    cand_f = states + skel[f_at] + lse_t[f_at] + dg[f_at] + work
+    cand_c = np.where(head, states + skel[c_at] + lse_t[c_at] + dg[c_at] + classifier, -np.inf)
+    cand_b = states + skel[b_at] + lse_t[b_at] + dkv[b_at] + dg[b_at] + work
+    order = np.concatenate([np.stack([cand_f, cand_c], axis=1).ravel(), cand_b])
+    i = int(np.argmax(order))
+    if i < 2 * n_u:
+        u, classifier_peak = divmod(i, 2)
+        at = c_at[u] if classifier_peak else f_at[u]
+        where = ("classifier" if classifier_peak else "fwd", int(u))
+        snap = (float(skel[at]), float(lse_t[at]), 0.0, float(dg[at]), 0.0 if classifier_peak else work,
+                classifier if classifier_peak else 0.0)
+    else:
+        j = i - 2 * n_u
+        at = b_at[j]
+        where = ("bwd", int(v[j]))
+        snap = (float(skel[at]), float(lse_t[at]), float(dkv[at]), float(dg[at]), work, 0.0)
+    dkv_peak = max(0.0, float(dkv[b_at][last_piece].max())) if last_piece.any() and n_k > 1 else 0.0
+    return float(order[i]), where, snap, float(skel[5 * n_u]), dkv_peak
+
+
 def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                 profile: HardwareProfile) -> PipelineMemory:
     """Peak GPU memory per stage of an SPPO plan and pinned host memory per node, by walking each
@@ -335,111 +442,99 @@ def sppo_memory(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     that piece's backward. One working block (transients + the activation handed between layers)
     per running unit; the last stage also runs the classifier per piece and keeps the final hidden
     state's gradient until the piece's backward."""
-    from memo_sim.cost.sppo import kv_cache_bytes, stage_gpu_shard, stage_layers, stage_model_state_bytes
-    from memo_sim.layout.parallel import node_stage_gpus
-    from memo_sim.policy.rounding_buffers import offloaded_layer_count
+    return SppoMemoryWalk(model, layout, batch, policy, profile).memory(policy)
 
-    shard = stage_gpu_shard(layout)
-    stage_pieces = policy.stage_pieces(model, layout, batch)
-    layers = stage_layers(model.layers, layout.pp)
-    out: list[StageMemory] = []
-    dt = DTYPE_BYTES[model.dtype]
-    scheme, rounding = layout.host_pool, profile.host.pinned_rounding
-    unit_cache: dict[tuple, object] = {}
 
-    def ub(piece, cached_kv: bool, offloaded: bool):
-        key = (piece.sub, piece.tokens, cached_kv, offloaded)
-        v = unit_cache.get(key)
-        if v is None:
-            v = unit_cache[key] = policy.shard_unit_bytes(model, shard, batch, piece, cached_kv, scheme, rounding,
-                                                          offloaded)
-        return v
+class SppoMemoryWalk:
+    """`sppo_memory` for one SPPO partition (``policy``'s bounds, partition and multiplexing) at any offload ratios:
+    what does not depend on the alphas (the stages' pieces, model states, working blocks, the units' skeletal
+    bytes, lse, K/V and kept rows) is found once here, and `memory` adds the offloaded units' copies for the
+    alphas it is given (SPPO's alpha search asks for one partition at up to a dozen thresholds:
+    `memo_sim.search.sppo.alphas.solve_alphas`)."""
 
-    def walk(pieces, n_l: int, last_stage: bool, states: float) -> tuple:
-        """One stage's walk (module docs): what it gives depends on these only, so the stages that share them (a
-        pipeline's middle stages) walk once."""
-        n_k = len(pieces)
-        n_u = n_k * n_l
-        longest = max(p.tokens for p in pieces)
-        transient, boundary, classifier = sppo_unit_working_bytes(model, layout, batch, longest)
-        work = transient + boundary
-        ub_off = [ub(p, k < n_k - 1, True) for k, p in enumerate(pieces)]
-        ub_keep = [ub(p, k < n_k - 1, False) for k, p in enumerate(pieces)]
-        kv_piece = [u.kv for u in ub_keep]
-        dgrad_piece = [shard_tokens_bytes(shard, batch, p.tokens, model.hidden, dt) for p in pieces]
-        n_off = offloaded_layer_count(n_u)
-        # per unit: (skeletal, lse, offload) in forward order
-        sk_u = [0.0] * n_u
-        lse_u = [0.0] * n_u
-        off_u = [0.0] * n_u
-        for u in range(n_u):
-            b = (ub_off if u < n_off else ub_keep)[u // n_l]
-            sk_u[u], lse_u[u], off_u[u] = b.skeletal, b.lse, b.offload
-        skel = lse = dkv = dgrad = 0.0
-        peak, where, snap = -1.0, None, (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-        for u in range(n_u):  # forward
-            skel += sk_u[u]
-            lse += lse_u[u]
-            tot = states + skel + lse + dgrad + work
-            if tot > peak:
-                peak, where, snap = tot, ("fwd", u), (skel, lse, 0.0, dgrad, work, 0.0)
-            if u > 0:
-                skel -= off_u[u - 1]
-            if last_stage and u % n_l == n_l - 1:
-                tot = states + skel + lse + dgrad + classifier
-                if tot > peak:
-                    peak, where, snap = tot, ("classifier", u), (skel, lse, 0.0, dgrad, 0.0, classifier)
-                dgrad += dgrad_piece[u // n_l]
-        if n_u > 0:
-            skel -= off_u[n_u - 1]
-        kv_all = sum(kv_piece[:-1]) * n_l
-        kept = skel - kv_all  # after the forward: kept rows of every unit (K/V cache aside)
-        dkv_peak = 0.0
-        dkv_last = kv_cache_bytes(model, shard, batch, pieces[-1].start) if n_k > 1 else 0.0
-        for v in range(n_u - 1, -1, -1):  # backward
-            k, j = divmod(v, n_l)
-            if 0 < v <= n_off:  # prefetch(v-1) runs beside this backward
-                skel += off_u[v - 1]
-            if last_stage and j == n_l - 1:
-                dgrad -= dgrad_piece[k]
-            if k == n_k - 1:
-                dkv += dkv_last
-                if dkv > dkv_peak:
-                    dkv_peak = dkv
-            tot = states + skel + lse + dkv + dgrad + work
-            if tot > peak:
-                peak, where, snap = tot, ("bwd", v), (skel, lse, dkv, dgrad, work, 0.0)
-            skel -= sk_u[v]
-            lse -= lse_u[v]
-            if k < n_k - 1:
-                dkv -= kv_piece[k]
-        host_gpu = sum(ub_off[u // n_l].host_block for u in range(n_off))
-        return (peak, where, snap, transient, boundary, kv_all, dkv_peak, kept, host_gpu, sum(off_u[:n_off]))
+    def __init__(self, model: ModelConfig, layout: Layout, batch: int, policy: Policy, profile: HardwareProfile):
+        from memo_sim.cost.sppo import kv_cache_bytes, stage_gpu_shard, stage_layers, stage_model_state_bytes
+        from memo_sim.policy.rounding_buffers import offloaded_layer_count
+        from memo_sim.policy.sppo import unit_rows
 
-    walks: dict[tuple, tuple] = {}
-    for s, pieces in enumerate(stage_pieces):
-        n_l = len(layers[s])
-        states = stage_model_state_bytes(model, layout, s)
-        key = (tuple((p.sub, p.part, p.parts, p.start, p.end) for p in pieces), n_l, s == layout.pp - 1, states)
-        if key not in walks:
-            walks[key] = walk(pieces, n_l, s == layout.pp - 1, states)
-        peak, (phase, u), snap, transient, boundary, kv_all, dkv_peak, kept, host_gpu, host_per_gpu = walks[key]
-        k, j = divmod(u, n_l)
-        at = f"classifier {pieces[k].tag()}" if phase == "classifier" else f"{phase} {pieces[k].tag()} L{layers[s][j]}"
-        sk_p, lse_p, dkv_p, dgrad_p, work_p, cls_p = snap
-        bd = MemoryBreakdown(
-            model_states_bytes=states, skeletal_resident_bytes=sk_p + dkv_p + dgrad_p,
-            rounding_buffer_bytes=0.0, lse_bytes=lse_p, transient_peak_bytes=transient if work_p else 0.0,
-            transient_planned_bytes=transient, transient_caching_allocator=transient,
-            layer_boundary_bytes=boundary if work_p else 0.0, classifier_peak_bytes=cls_p,
-            peak_gpu_bytes=peak, gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf),
-            host_bytes_per_gpu=host_per_gpu, host_bytes_per_node=0.0,
-            host_capacity_bytes=profile.host_capacity(min(layout.gpus, profile.node_gpus)))
-        out.append(StageMemory(s, bd, kv_all, dkv_peak, max(0.0, kept), at, host_gpu))
-    per_node = node_stage_gpus(layout, profile.node_gpus)
-    host_node = max(sum(n * out[st].host_bytes_per_gpu for st, n in stages.items()) for stages in per_node.values())
-    out = [replace(m, breakdown=replace(m.breakdown, host_bytes_per_node=host_node)) for m in out]
-    return PipelineMemory(out, host_node)
+        self.model, self.layout, self.batch, self.profile = model, layout, batch, profile
+        self.partition = (policy.bounds, policy.partition, policy.multiplex)
+        self.shard = shard = stage_gpu_shard(layout)
+        self.pieces = policy.stage_pieces(model, layout, batch)
+        self.layers = stage_layers(model.layers, layout.pp)
+        self.scheme, self.rounding = layout.host_pool, profile.host.pinned_rounding
+        dt = DTYPE_BYTES[model.dtype]
+        self.states = [stage_model_state_bytes(model, layout, s) for s in range(len(self.pieces))]
+        # the stages that share their pieces, layers, place and states (a pipeline's middle stages) walk once
+        self.walk_of: list[int] = []
+        self.walks: list[tuple] = []  # (pieces, n_l, last stage, states, working bytes, kept-unit bytes)
+        seen: dict[tuple, int] = {}
+        for s, pieces in enumerate(self.pieces):
+            n_l, last = len(self.layers[s]), s == layout.pp - 1
+            key = (tuple((p.sub, p.part, p.parts, p.start, p.end) for p in pieces), n_l, last, self.states[s])
+            if key not in seen:
+                seen[key] = len(self.walks)
+                n_k = len(pieces)
+                working = sppo_unit_working_bytes(model, layout, batch, max(p.tokens for p in pieces))
+                keep = [policy.shard_unit_bytes(model, shard, batch, p, k < n_k - 1, self.scheme, self.rounding,
+                                                False) for k, p in enumerate(pieces)]
+                rows = [unit_rows(model, shard, batch, p.tokens, k < n_k - 1) for k, p in enumerate(pieces)]
+                units = StageUnits(
+                    n_l=n_l, n_off=offloaded_layer_count(n_k * n_l), skeletal=([], [b.skeletal for b in keep]),
+                    lse=([], [b.lse for b in keep]), offload=([], [b.offload for b in keep]),
+                    kv=[b.kv for b in keep],
+                    dgrad=[shard_tokens_bytes(shard, batch, p.tokens, model.hidden, dt) for p in pieces],
+                    dkv_last=kv_cache_bytes(model, shard, batch, pieces[-1].start) if n_k > 1 else 0.0)
+                self.walks.append((pieces, n_l, last, self.states[s], working, units, rows))
+            self.walk_of.append(seen[key])
+
+    def _walk(self, policy: Policy, pieces, n_l: int, last_stage: bool, states: float, working: tuple,
+              units: StageUnits, rows: list) -> tuple:
+        """One stage's walk (`sppo_stage_walk`) at ``policy``'s alphas: an offloaded unit's skeletal bytes and lse
+        are a kept one's; its copy is alpha_i of its rows (`memo_sim.policy.sppo.UnitRows`)."""
+        transient, boundary, classifier = working
+        alphas, scheme, rounding = policy.alphas, self.scheme, self.rounding
+        off = [r.copies(float(alphas[p.sub]), scheme, rounding) for p, r in zip(pieces, rows)]
+        units = replace(units, skeletal=(units.skeletal[1], units.skeletal[1]), lse=(units.lse[1], units.lse[1]),
+                        offload=([c for c, _h in off], units.offload[1]))
+        peak, where, snap, skel_end, dkv_peak = sppo_stage_walk(units, states, transient + boundary, classifier,
+                                                                last_stage)
+        kv_all = sum(units.kv[:-1]) * n_l
+        kept = skel_end - kv_all  # after the forward: kept rows of every unit (K/V cache aside)
+        host_gpu = units.first_units_sum([h for _c, h in off])
+        return (peak, where, snap, transient, boundary, kv_all, dkv_peak, kept, host_gpu,
+                units.first_units_sum(units.offload[0]))
+
+    def memory(self, policy: Policy) -> PipelineMemory:
+        """The plan's memory (`sppo_memory`) at ``policy``'s alphas; ``policy`` has this walk's partition."""
+        from memo_sim.layout.parallel import node_stage_gpus
+
+        if (policy.bounds, policy.partition, policy.multiplex) != self.partition:
+            raise ValueError("SppoMemoryWalk.memory: the policy's partition is not the one this walk was made for")
+        layout, profile, layers = self.layout, self.profile, self.layers
+        done = [self._walk(policy, *w) for w in self.walks]
+        out: list[StageMemory] = []
+        for s, pieces in enumerate(self.pieces):
+            n_l, states = len(layers[s]), self.states[s]
+            peak, (phase, u), snap, transient, boundary, kv_all, dkv_peak, kept, host_gpu, host_per_gpu = \
+                done[self.walk_of[s]]
+            k, j = divmod(u, n_l)
+            at = (f"classifier {pieces[k].tag()}" if phase == "classifier"
+                  else f"{phase} {pieces[k].tag()} L{layers[s][j]}")
+            sk_p, lse_p, dkv_p, dgrad_p, work_p, cls_p = snap
+            bd = MemoryBreakdown(
+                model_states_bytes=states, skeletal_resident_bytes=sk_p + dkv_p + dgrad_p,
+                rounding_buffer_bytes=0.0, lse_bytes=lse_p, transient_peak_bytes=transient if work_p else 0.0,
+                transient_planned_bytes=transient, transient_caching_allocator=transient,
+                layer_boundary_bytes=boundary if work_p else 0.0, classifier_peak_bytes=cls_p,
+                peak_gpu_bytes=peak, gpu_capacity_bytes=gpu_limit_bytes(profile, layout.alloc_conf),
+                host_bytes_per_gpu=host_per_gpu, host_bytes_per_node=0.0,
+                host_capacity_bytes=profile.host_capacity(min(layout.gpus, profile.node_gpus)))
+            out.append(StageMemory(s, bd, kv_all, dkv_peak, max(0.0, kept), at, host_gpu))
+        per_node = node_stage_gpus(layout, profile.node_gpus)
+        host_node = max(sum(n * out[st].host_bytes_per_gpu for st, n in stages.items()) for stages in per_node.values())
+        out = [replace(m, breakdown=replace(m.breakdown, host_bytes_per_node=host_node)) for m in out]
+        return PipelineMemory(out, host_node)
 
 
 def sppo_host_stages(model: ModelConfig, layout: Layout, batch: int, policy: Policy,

@@ -237,18 +237,50 @@ class Sppo(Policy):
             raise MemoError(f"sppo policy: bad value ({e})") from None
 
 
+@dataclass(frozen=True)
+class UnitRows:
+    """What one unit's offload copies, but for its ratio: the unit's token rows and the (name, bytes per row) of
+    each tensor whose first alpha_i of the rows go to host (every skeletal tensor but lse, and but K and V where
+    they stay cached)."""
+
+    rows: int
+    tensors: tuple[tuple[str, float], ...]
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.rows, self.tensors)))  # hashed once: a memo key
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def copies(self, alpha: float, scheme: str, rounding: str) -> tuple[float, float]:
+        """(bytes copied to host, pinned host bytes they take) at ratio ``alpha`` (memoised: SPPO's search asks for
+        the same units at the same ratios many times)."""
+        return _unit_copies(self, alpha, scheme, rounding)
+
+
+@lru_cache(maxsize=1 << 16)
+def _unit_copies(unit: UnitRows, alpha: float, scheme: str, rounding: str) -> tuple[float, float]:
+    off = offload_token_count(alpha, unit.rows)
+    tensors = [OffloadedTensor(name, off, rb) for name, rb in unit.tensors]
+    return copy_bytes(tensors), host_block_bytes(tensors, scheme, rounding) if tensors else 0.0
+
+
+@lru_cache(maxsize=1 << 12)
+def unit_rows(model: ModelConfig, shard: Layout, batch: int, tokens: int, cached_kv: bool) -> UnitRows:
+    """The offload rows of a ``tokens``-long piece's unit on one GPU of a stage (``shard``: `stage_gpu_shard`)."""
+    return UnitRows(layer_rows(shard, batch, tokens),
+                    tuple((t.name, row_bytes(t, shard)) for t in saved_tensors(model, shard)
+                          if t.role in ("input", "attn", "other") and not (cached_kv and t.name in KV_TENSORS)))
+
+
 @lru_cache(maxsize=1 << 16)
 def _unit_bytes(model: ModelConfig, shard: Layout, batch: int, tokens: int, alpha: float, cached_kv: bool,
                 offloaded: bool, scheme: str, rounding: str) -> UnitBytes:
     sk = skeletal_bytes(model, shard, batch, tokens)
-    tensors = []
-    if offloaded:
-        rows = layer_rows(shard, batch, tokens)
-        off = offload_token_count(alpha, rows)
-        tensors = [OffloadedTensor(t.name, off, row_bytes(t, shard)) for t in saved_tensors(model, shard)
-                   if t.role in ("input", "attn", "other") and not (cached_kv and t.name in KV_TENSORS)]
-    return UnitBytes(sk["total"], kv_cache_bytes(model, shard, batch, tokens), sk["lse"], copy_bytes(tensors),
-                     host_block_bytes(tensors, scheme, rounding) if tensors else 0.0, cached_kv)
+    copied, host = (unit_rows(model, shard, batch, tokens, cached_kv).copies(alpha, scheme, rounding) if offloaded
+                    else (copy_bytes([]), 0.0))
+    return UnitBytes(sk["total"], kv_cache_bytes(model, shard, batch, tokens), sk["lse"], copied, host, cached_kv)
 
 
 @lru_cache(maxsize=1024)

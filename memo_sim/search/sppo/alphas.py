@@ -13,8 +13,8 @@ from memo_sim.cost.transfer import host_bandwidth_per_gpu
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import (
     PipelineMemory,
+    SppoMemoryWalk,
     sppo_host_bytes_per_node,
-    sppo_memory,
 )
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.sppo import Sppo
@@ -45,9 +45,11 @@ def solve_alphas(model: ModelConfig, layout: Layout, batch: int, seq: int, polic
     a_i = policy.subsequence_offloadable(model, layout, batch)
     top = max(a_i) if a_i else 0.0
 
+    walk = SppoMemoryWalk(model, layout, batch, policy, profile)  # the partition's memory walk, at any alphas
+
     def at(m: float) -> tuple[Sppo, PipelineMemory]:
         pol = replace(policy, alphas=sequence_aware_alphas(a_i, m), threshold_bytes=m)
-        return pol, sppo_memory(model, layout, batch, seq, pol, profile)
+        return pol, walk.memory(pol)
 
     m = min(overlap_threshold(model, layout, batch, policy, profile) if threshold is None else threshold, top)
     binding = "overlap" if m < top else "none"
