@@ -115,3 +115,19 @@ def test_a_prepared_walk_is_sppo_memory_at_every_ratio(pp, n, mux):
     other = Sppo(None, subseqs=n + 1, multiplex=mux).with_bounds(TOY, lay, 1, seq)
     with pytest.raises(ValueError, match="partition"):
         walk.memory(dataclasses.replace(other, alphas=(0.5,) * (n + 1)))
+
+
+def test_the_search_goes_past_its_grid_edge_while_the_best_sits_on_it():
+    """`exhaustive_search` and `resolve_for_layout` try N up to 1K tokens per device, and the next N while the best
+    fitting point has its layout's largest N (a review: llama-3.1-70b on 64 H100s at 128K, tp4+sp pp4: N=32 at the
+    edge was called the best, N=64 faster on both tiers)."""
+    from memo_sim.model.config import get_model
+    from memo_sim.search.sppo import exhaustive_search, resolve_for_layout, solve_point
+
+    model, h100, seq = get_model("llama-3.1-70b"), load_profile("h100-sxm5-80gb"), 128 * 1024
+    pts, size, _n, _rej = exhaustive_search(model, seq, 64, h100, tp=4, pp=4)
+    best = next(p for p in pts if p.status == "OK")
+    assert best.policy.subseqs == 64 and size == 56  # 48 grid points (N 1..32) and N=64's 8
+    edge = solve_point(model, best.layout, 1, seq, h100, 32)
+    assert best.estimate.iteration_s < edge.estimate.iteration_s
+    assert resolve_for_layout(model, best.layout, 1, seq, h100).policy.subseqs == 64

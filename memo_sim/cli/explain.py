@@ -429,6 +429,9 @@ def binding_words(plan, profile, res) -> str:
             same = abs(solved.alpha - plan.policy.alpha) < 1e-9
             words += (f"; alpha {plan.policy.alpha:.3f} " + ("is the solver's: " if same else
                       f"was set by hand (the solver gives {solved.alpha:.3f}): ") + why)
+        elif plan.policy.alpha == solved.alpha_or_zero:  # the what-if's own alpha where the solver finds none
+            words += (f"; alpha {plan.policy.alpha:.3f} is the what-if's where the solver finds none: "
+                      + solved.note().removeprefix("alpha 0: "))
         else:
             words += (f"; alpha {plan.policy.alpha:.3f} was set by hand: the solver finds none "
                       f"({solved.reason()}), so copies stall the compute stream")

@@ -33,9 +33,10 @@ estimate that fits. Where
 nothing inside a node fits, PP grows across nodes with SP = a whole node.
 
 **Exhaustive search** (`exhaustive_search`): every pipeline layout (TP+SP x PP x DP, ZeRO 0/1) x
-N in powers of two (each device's share of a subsequence at least 1K tokens) x partition
-(flops, length) x multiplexing (off, on; on only up to 8 stages, where a split subsequence's
-pieces stay few): each point's estimate with the overlap-threshold
+N in powers of two (each device's share of a subsequence at least 1K tokens; where the best
+fitting point has its layout's largest N, the next N's points too, for as long as the best moves
+to that edge) x partition (flops, length) x multiplexing (off, on; on only up to 8 stages, where a
+split subsequence's pieces stay few): each point's estimate with the overlap-threshold
 alphas is a lower bound on its final estimate (larger alphas only add copy time), so points are
 solved in order of that bound until the best fitting one is proven and ``keep`` fitting points
 are known (branch and bound; the what-if's tier 2 then simulates its candidates in order of

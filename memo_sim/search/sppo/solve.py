@@ -24,6 +24,7 @@ from memo_sim.search.sppo.grid import search_points
 from memo_sim.search.sppo.points import (
     BOUND_QUANTUM,
     BOUND_SLACK,
+    MAX_SUBSEQS,
     SppoPoint,
     _rank_key,
 )
@@ -138,16 +139,29 @@ def resolve_for_layout(model: ModelConfig, layout: Layout, batch: int, seq: int,
     why = Sppo(None).check(model, layout, batch, seq)
     if why and "not solved" not in why:
         raise MemoError(f"sppo: {layout.label()}: {why}")
-    points = search_points(layout, seq, subseqs, multiplex=(multiplex,) if multiplex is not None else (False, True))
-    alive = [p for p in points if point_alive(model, layout, batch, seq, profile, p[0], p[1])]
+    muxes = (multiplex,) if multiplex is not None else (False, True)
+    points = search_points(layout, seq, subseqs, multiplex=muxes)
     best: SppoPoint | None = None
-    for n, part, mux in alive or points:
-        try:
-            pt = solve_point(model, layout, batch, seq, profile, n, part, mux)
-        except MemoError:
-            continue
-        if best is None or _rank_key(pt) < _rank_key(best):
-            best = pt
+
+    def solve_all(points: list, fallback: bool) -> None:
+        nonlocal best
+        alive = [p for p in points if point_alive(model, layout, batch, seq, profile, p[0], p[1])]
+        for n, part, mux in alive or (points if fallback else []):
+            try:
+                pt = solve_point(model, layout, batch, seq, profile, n, part, mux)
+            except MemoError:
+                continue
+            if best is None or _rank_key(pt) < _rank_key(best):
+                best = pt
+
+    solve_all(points, True)
+    # the grid's edge, as the what-if's branch and bound extends it (`exhaustive_search`): while the best fitting
+    # point has the largest N tried, the next N's points are solved too
+    top = max((n for n, _p, _m in points), default=0)
+    while subseqs is None and best is not None and best.status == "OK" and best.policy.subseqs == top \
+            and 2 * top <= MAX_SUBSEQS:
+        top *= 2
+        solve_all(search_points(layout, seq, top, multiplex=muxes), False)
     if best is None:
         raise MemoError(f"sppo: {seq} tokens do not split into subsequences for {layout.label()}")
     return best
