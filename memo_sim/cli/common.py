@@ -322,3 +322,14 @@ def refuse_plan_gemm_format(plan_file, plan, profile, profile_flag: bool = True)
     why = gemm_format_problem(plan, profile, profile_flag)  # the words the executor's contract refuses it with
     if why:
         raise MemoError(f"{plan_file}: {why}")
+
+
+def refuse_unwritable_out(out_dir, command: str) -> None:
+    """Fail now, before the work, where --out cannot be written: one line naming --out, exit status 2. The check is
+    the write's own (`memo_sim.fileio.OutputFolder` creates its stage where `commit` writes: inside --out, or beside
+    it where the command creates it) and the stage is removed at once, so a refused or later-failing command leaves
+    nothing behind. Every command that does long work before it writes --out calls it first (whatif, export, the
+    sweeps; README: an unwritable --out "is refused before the work")."""
+    from memo_sim.fileio import OutputFolder  # noqa: PLC0415
+
+    OutputFolder(out_dir, command).discard()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from memo_sim.cli.common import progress_option
+from memo_sim.cli.common import progress_option, refuse_unwritable_out
 from memo_sim.errors import MemoError
 from memo_sim.export import EXPORTERS, export_plan
 from memo_sim.export.base import instead_lines, price_line
@@ -94,6 +94,9 @@ def export(plan_file, framework, out_dir, price, nearest, jobs, progress):
 
     plan = read_plan(plan_file)
     _refuse_a_layout_the_whatif_refuses(plan_file, plan)
+    # an unwritable --out fails now, before the stale check's simulation and the framework's search (a review: a
+    # DeepSeek-V3 plan searched 69 s, then refused /dev/null/x)
+    refuse_unwritable_out(out_dir, f"memo-sim export --to {framework}")
     if price:
         _warn_if_stale(plan_file, plan)
     with delayed_progress(f"searching {framework}'s plans", quiet=progress is False, force=progress) as on_progress:

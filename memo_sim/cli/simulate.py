@@ -27,9 +27,9 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import progress_bar, progress_option, refuse_plan_gemm_format
+from memo_sim.cli.common import progress_bar, progress_option, refuse_plan_gemm_format, refuse_unwritable_out
 from memo_sim.errors import MemoError
-from memo_sim.fileio import OutputFolder, atomic_write_json, output_folder
+from memo_sim.fileio import atomic_write_json, output_folder
 from memo_sim.forked import beside
 from memo_sim.policy import policy_class, policy_names, prices_model
 from memo_sim.report.formats import format_options, resolve_format
@@ -299,12 +299,6 @@ def _write_sweep(outf, name: str, results, figure, answer, fmt: str | None = "ta
     emit(a, fmt, objs)
 
 
-def _check_out(out_dir: str, command: str) -> None:
-    """Fail now, before the work, if --out cannot be written (the outputs are staged in it, or beside it where
-    it is created)."""
-    OutputFolder(out_dir, command).discard()
-
-
 @click.command("sweep-alpha")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
@@ -319,7 +313,7 @@ def sweep_alpha_cmd(plan_file, out_dir, alphas, profile_override, out_format, as
 
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
     vals = _parse_alphas(alphas)
-    _check_out(out_dir, "memo-sim sweep-alpha")
+    refuse_unwritable_out(out_dir, "memo-sim sweep-alpha")
     with progress_bar("alpha sweep", len(vals)) as step:
         results = sweep_alpha(plan.model, plan.layout, plan.batch, plan.seq_tokens, profile, vals,
                               progress=lambda done, total: step(),
@@ -421,7 +415,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                 raise MemoError(f"--policy {p} on layout {lay.label()}: {why}")
     runs = [(s, lay, p) for lay in layouts.values() for s in lens for p in pols
             if policy_class(p).layout_why_not(lay) is None]
-    _check_out(out_dir, "memo-sim sweep-seq")
+    refuse_unwritable_out(out_dir, "memo-sim sweep-seq")
     schedule = None if plan.schedule == "sppo" else plan.schedule
     with progress_bar("sequence sweep", len(runs), quiet=fmt == "json", force=progress) as step:
         results = in_order([partial(policy_run, plan.model, lay, plan.batch, s, p, profile, schedule, plan.micro_batch)
@@ -568,7 +562,7 @@ def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_sim
     if not ns or min(ns) < 1:
         raise MemoError("--subseqs: every N must be at least 1")
     lay = plan.layout
-    _check_out(out_dir, "memo-sim sweep-subseqs")
+    refuse_unwritable_out(out_dir, "memo-sim sweep-subseqs")
     points, skipped = [], []
     partition = pol0.partition if pol0.partition in ("flops", "length") else "flops"
     with progress_bar("subsequence sweep", len(ns)) as step:

@@ -35,9 +35,10 @@ from memo_sim.cli.common import (
     profile_option,
     progress_bar,
     progress_option,
+    refuse_unwritable_out,
 )
 from memo_sim.errors import MemoError, NothingFits
-from memo_sim.fileio import OutputFolder, output_folder
+from memo_sim.fileio import output_folder
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION, parse_layout
 from memo_sim.layout.rank_order import RANK_ORDER_NAMES
 from memo_sim.layout.schedule import SCHEDULE_NAMES
@@ -181,7 +182,7 @@ def whatif(**options):
     _warn_long_sppo_simulation(req)
     _refuse_zero0_fsdp(req)
     if show.sweep_alpha or not show.no_plan:  # an unwritable --out fails now, before the search
-        OutputFolder(show.out_dir, "memo-sim whatif").discard()
+        refuse_unwritable_out(show.out_dir, "memo-sim whatif")
     if show.sweep_alpha:  # MEMO's alpha on one layout (no SPPO search)
         return _sweep_alpha(req, sweep_candidates(req), show, t0)
     try:

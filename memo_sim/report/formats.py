@@ -2,7 +2,8 @@
 
 A command builds its answer as a verdict line, notes and `Table`s and hands them to `emit`,
 which writes them in the asked format: the terminal's aligned text (`render_table`), CSV (one
-block per table, a ``# title`` line before each; a column of numbers as numbers in one unit named in its header,
+block per table, a ``# title`` line before each, the answer's other lines as ``#`` lines where the text prints
+them; a column of numbers as numbers in one unit named in its header,
 to the digits the table prints, a missing one empty: `csv_numbers`; JSON carries the numbers exact) or Markdown
 (a heading and a pipe table per table). JSON is the command's own object (``--json`` stays an alias of
 ``--format json``).
@@ -77,6 +78,8 @@ def render(answer: Answer, fmt: str) -> str:
                 w.writerows(rows)
                 title = p.title.strip()
                 out.append((f"# {title}\n" if title else "") + buf.getvalue().rstrip("\n"))
+            else:  # a line of the answer, where the table format prints it (a review: whatif --train-tokens lost it)
+                out += _csv_comments(p)
         return "\n".join(out)
     if fmt == "md":
         if answer.verdict:
@@ -159,6 +162,13 @@ def csv_numbers(headers: list[str], rows: list[list[str]]) -> tuple[list[str], l
             else:
                 r[j] = f"{v / _BASE[col][1]:.{_significant(digits)}g}"
     return heads, out
+
+
+def _csv_comments(text: str) -> list[str]:
+    """A text part of the answer as CSV comment lines, as the verdict and each table's title are written: ``# `` before
+    each of its lines, indentation kept, blank lines dropped (a CSV reader that skips ``#`` lines, e.g. pandas'
+    ``comment="#"``, reads the tables alone)."""
+    return [f"# {ln.rstrip()}" for ln in str(text).splitlines() if ln.strip()]
 
 
 def _csv_header(h: str) -> str:
