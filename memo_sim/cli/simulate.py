@@ -415,6 +415,14 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                 raise MemoError(f"--policy {p} on layout {lay.label()}: {why}")
     runs = [(s, lay, p) for lay in layouts.values() for s in lens for p in pols
             if policy_class(p).layout_why_not(lay) is None]
+    # the header counts what runs, and each policy left out of a layout is named with its reason (a review: a METP
+    # plan's header counted recompute_mlp, which `layout_why_not` leaves out, above rows of the other policies)
+    left_out = [f"  left out: {p} on {label}: {why}" for label, lay in layouts.items() for p in pols
+                if (why := policy_class(p).layout_why_not(lay))]
+    swept = [p for p in pols if any(p == q for _s, _lay, q in runs)]
+    shape = f"{len(swept)} policies x {len(lens)} lengths x {len(layouts)} layouts"
+    if len(runs) != len(swept) * len(lens) * len(layouts):  # a policy left out of some layouts only
+        shape = f"{len(runs)} runs ({shape}, less the ones left out below)"
     refuse_unwritable_out(out_dir, "memo-sim sweep-seq")
     schedule = None if plan.schedule == "sppo" else plan.schedule
     with progress_bar("sequence sweep", len(runs), quiet=fmt == "json", force=progress) as step:
@@ -422,15 +430,22 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                             for s, lay, p in runs], jobs, step)
     with output_folder(out_dir, "memo-sim sweep-seq") as outf:
         _write_sweep(outf, "mfu_vs_seq", results, mfu_vs_seq_figure,
-                     lambda rs: runs_answer(f"{plan.model.name}{plan.model.gemm_words} on {profile.name}: "
-                                            f"{len(pols)} policies x {len(lens)} lengths x {len(layouts)} layouts "
-                                            f"(simulated{mfu_note(plan.model)})",
-                                            ["seq", "layout", "policy"],
-                                            [([fmt_count(r.seq), r.layout.label(), r.policy.label()], r)
-                                             for r in rs]),
+                     lambda rs: _with_lines(runs_answer(f"{plan.model.name}{plan.model.gemm_words} on "
+                                                        f"{profile.name}: {shape} "
+                                                        f"(simulated{mfu_note(plan.model)})",
+                                                        ["seq", "layout", "policy"],
+                                                        [([fmt_count(r.seq), r.layout.label(), r.policy.label()], r)
+                                                         for r in rs]), left_out),
                      None if tp_modes and fmt == "json" else fmt)
         if tp_modes:
             _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, results, fmt, jobs, progress)
+
+
+def _with_lines(a, lines: list[str]):
+    """``a`` (a `memo_sim.report.formats.Answer`) with ``lines`` added below its table."""
+    for line in lines:
+        a.line(line)
+    return a
 
 
 def mfu_note(model) -> str:

@@ -13,10 +13,12 @@ user sees what memo predicts the framework's run costs beside what the plan prom
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from dataclasses import dataclass, field
 
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.errors import MemoError
+from memo_sim.layout.alloc_conf import merged_alloc_conf, parse_alloc_conf
 from memo_sim.layout.moe_balance import parse_balance
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import modules_words
@@ -242,7 +244,8 @@ def nearest_model(plan: Plan, gaps: list[Gap], framework: str | None = None, pro
 
 def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None = None) -> dict | None:
     """memo's prediction for the nearest plan on the plan's profile, run with ``framework``'s
-    mechanisms (its attention kernel, loss, allocator settings: `Framework.adapt`; its model-state recipe,
+    mechanisms (its attention kernel, loss: `Framework.adapt`, but the plan's allocator settings, which the export
+    sets itself, `alloc_env`; its model-state recipe,
     `framework_recipe`), as that framework would run it (None when neither a gap nor the framework's mechanisms change
     the plan; ``error`` when it cannot be simulated). ``own``: layout fields the framework runs its own way for a part
     of the plan it expresses (torchtitan's FSDP2 for a ZeRO-3 plan), applied after the gaps and named among the
@@ -256,6 +259,9 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None 
     layout, policy, schedule = nearest_plan(plan, gaps)
     prof = load_profile(plan.profile)
     mine, layout = layout, get_framework(framework).adapt(layout, prof)
+    # the allocator settings are the plan's: every export sets them on its run line (`alloc_env`), so the framework's
+    # own script's (its data's, `Framework.adapt`) do not apply
+    layout = dataclasses.replace(layout, expandable_segments=mine.expandable_segments, alloc_conf=mine.alloc_conf)
     mechanisms = mechanism_changes(mine, layout, prof)
     own = {k: v for k, v in (own or {}).items() if getattr(layout, k) != v}
     mechanisms += [f"{k} {getattr(layout, k)} -> {v}" for k, v in own.items()]
@@ -538,6 +544,45 @@ def gpus_per_host(plan: Plan) -> int:
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 
     return load_profile(plan.profile).host_gpus
+
+
+# The caching allocator's environment variable. PyTorch's AllocatorConfig::instance (c10/core/AllocatorConfig.cpp,
+# the releases with PYTORCH_ALLOC_CONF) reads PYTORCH_ALLOC_CONF and, where it is unset, PYTORCH_CUDA_ALLOC_CONF
+# "for backwards compatibility" (warning once that it is deprecated); the releases before read
+# PYTORCH_CUDA_ALLOC_CONF alone (c10/cuda/CUDAAllocatorConfig.cpp): the older name is the one every torch 2.x reads,
+# the newer one where a framework's own launch script sets it (torchtitan's run_train.sh)
+CUDA_ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def alloc_env(layout: Layout, variable: str = CUDA_ALLOC_ENV) -> str:
+    """The caching allocator's settings memo priced for ``layout`` (its ``expandable_segments`` and the rest of its
+    setting string, ``alloc_conf``: `memo_sim.layout.alloc_conf`) as the shell assignment ``VAR=value `` an exporter
+    puts before its run line, the one place every exporter takes it from (a QA review: torchtitan's run line bypassed
+    run_train.sh, whose PYTORCH_ALLOC_CONF="expandable_segments:True" memo prices, and set nothing); "" where the
+    layout runs PyTorch's defaults (``expandable_segments:False`` is the default and is not written).
+    ``per_process_memory_fraction`` is not a key of the variable (PyTorch's parser stops at start-up on
+    "Unrecognized CachingAllocator option") and is left out here; `alloc_gap` names it."""
+    conf = merged_alloc_conf(layout.expandable_segments, layout.alloc_conf)
+    conf = dataclasses.replace(conf, expandable_segments=True if layout.expandable_segments else None,
+                               per_process_memory_fraction=None)
+    text = conf.text()
+    return f"{variable}={shlex.quote(text)} " if text else ""
+
+
+def alloc_gap(plan: Plan) -> list[Gap]:
+    """A plan's ``per_process_memory_fraction`` (`memo_sim.layout.alloc_conf`): torch's
+    ``torch.cuda.set_per_process_memory_fraction`` call, which no launcher option or allocator variable sets, so the
+    framework runs on the whole GPU; the garbage collection that runs only under a fraction goes with it."""
+    conf = parse_alloc_conf(plan.layout.alloc_conf)
+    f = conf.per_process_memory_fraction
+    if f is None:
+        return []
+    rest = dataclasses.replace(conf, per_process_memory_fraction=None, garbage_collection_threshold=0.0)
+    gc = (f" and the caching allocator's garbage collection from {conf.garbage_collection_threshold!r} of it"
+          if conf.garbage_collection_threshold else "")
+    return [Gap(f"the process's GPU memory capped at {f!r} of the device (per_process_memory_fraction){gc}",
+                f"not set, the whole GPU (add torch.cuda.set_per_process_memory_fraction({f!r}) to the training "
+                f"script for the cap)", PlanChange(layout={"alloc_conf": rest.text(with_expandable=False)}))]
 
 
 def torchrun_line(plan: Plan, script: str) -> str:

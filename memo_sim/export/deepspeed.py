@@ -21,6 +21,7 @@ import json
 import shlex
 
 from memo_sim.errors import MemoError
+from memo_sim.export.base import alloc_env, alloc_gap
 from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap,
                                   interleave_gap, metp_gap, mtp_gap, nearest_batch, nearest_plan, rank_order_gap,
                                   rotary_gaps, not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
@@ -73,7 +74,8 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap(f"{plan.model.name}'s biases on the q, k and v projections only",
                        "biases on every linear layer (no flag): edit the model or drop them by hand"))
     out += _gqa_ulysses_gap(plan, nearest_plan(plan, out)[0])
-    return out + _moe_layout_gaps(plan) + _model_gaps(plan) + _attention_gap(plan) + not_modelled_gap(plan)
+    return (out + _moe_layout_gaps(plan) + _model_gaps(plan) + _attention_gap(plan) + not_modelled_gap(plan)
+            + alloc_gap(plan))
 
 
 def _one_rank_settings(lay) -> dict:
@@ -427,7 +429,8 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     body = [f"    {opt}" + (f" {shlex.quote(val)}" if val is not None else "") for opt, val in arguments(plan, g)]
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",
              "# Run from a Megatron-DeepSpeed checkout; add data, tokenizer and optimizer arguments.",
-             "set -euo pipefail", (tr := torchrun_line(plan, "pretrain_gpt.py")) + " \\"]
+             "set -euo pipefail", alloc_env(nearest_plan(plan, g)[0]) + (tr := torchrun_line(plan, "pretrain_gpt.py"))
+             + " \\"]
     lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]
     ex.files[LAUNCH_FILE] = "\n".join(lines)
     ex.launch = f"bash {LAUNCH_FILE}  # reads {CONFIG_FILE}" + (

@@ -15,6 +15,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
+from memo_sim.export.base import alloc_env, alloc_gap
 from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap,
                                   metp_gap, nearest_batch, nearest_plan, not_modelled_gap, optimizer_offload_gap,
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
@@ -68,7 +69,7 @@ def gaps(plan: Plan) -> list[Gap]:
             + dp_flavour_gap(plan, FRAMEWORK) + balance_gap(plan, FRAMEWORK)
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
             + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan)
-            + _router_gaps(plan.model) + not_modelled_gap(plan))
+            + _router_gaps(plan.model) + not_modelled_gap(plan) + alloc_gap(plan))
 
 
 def _ulysses_gaps(plan: Plan) -> list[Gap]:
@@ -473,7 +474,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
              # Megatron-FSDP asserts the variable is unset or above 1 (validate_args at SOURCE); TP's overlap wants 1
              "unset CUDA_DEVICE_MAX_CONNECTIONS" if ("--use-megatron-fsdp", None) in args
              else "export CUDA_DEVICE_MAX_CONNECTIONS=1",
-             tr + " \\"]
+             alloc_env(nearest_plan(plan, g)[0]) + tr + " \\"]
     body = [f"    {opt}" + _words(val) for opt, val in args]
     lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]
     ex.files[FILE] = "\n".join(lines)

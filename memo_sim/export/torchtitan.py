@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from memo_sim.export.base import alloc_env, alloc_gap
 from memo_sim.export.base import (Export, Gap, PlanChange, balance_gap, gemm_format_gap, metp_gap, mtp_gap,
                                   rank_order_gap, nearest_batch, nearest_model, nearest_plan, not_modelled_gap,
                                   optimizer_offload_gap,
@@ -45,6 +46,10 @@ from memo_sim.plan.schema import Plan
 
 FRAMEWORK = "torchtitan"  # its version in memo_sim/frameworks/data (the plans exported instead)
 SOURCE = "pytorch/torchtitan@b5bcd76c (2026-08-21)"
+# the allocator's variable as torchtitan's own launch script sets it (run_train.sh: PYTORCH_ALLOC_CONF=
+# "expandable_segments:True" before torchrun, checked at pytorch/torchtitan 0168bd51; the torch it runs on reads it
+# first, `memo_sim.export.base.CUDA_ALLOC_ENV`): the run line below bypasses that script, so it sets the variable
+ALLOC_ENV = "PYTORCH_ALLOC_CONF"
 FILE = "memo_torchtitan.py"
 FUNCTION = "memo_plan"
 BASES = {"llama-3.1-8b": "llama3_8b", "llama-3.1-70b": "llama3_70b", "llama-3.1-405b": "llama3_405b"}
@@ -361,7 +366,7 @@ def gaps(plan: Plan) -> list[Gap]:
                                        "MTP, model_registry num_mtp_layers, runs without PP and CP only")
     if plan.layout.pp > 1 and pipeline_split(plan) is None and module_fqns(plan) is None:
         out += uneven_stages_gap(plan, "torchtitan (module_fqns_per_model_part)")
-    out += _dispatcher_gap(plan) + _microbatch_gap(plan)
+    out += _dispatcher_gap(plan) + _microbatch_gap(plan) + alloc_gap(plan)
     if plan.layout.etp > 1:
         out.append(Gap(f"expert tensor parallelism over {plan.layout.etp} ranks", "experts whole on each EP rank "
                        "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
@@ -685,7 +690,8 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     ex = Export("torchtitan", SOURCE, {}, g, "")
     ex.instead = instead
     ex.nearest = price_nearest(plan, g, FRAMEWORK, own=fsdp_runs(nearest_plan(plan, g)[0])) if price else None
-    launch = ("PYTHONPATH=$PWD:$PYTHONPATH " + torchrun_line(plan, "-m torchtitan.train")
+    launch = (alloc_env(nearest_plan(plan, g)[0], ALLOC_ENV) + "PYTHONPATH=$PWD:$PYTHONPATH "
+              + torchrun_line(plan, "-m torchtitan.train")
               + f" --module memo_torchtitan --config {FUNCTION}")
     ex.files[FILE] = "\n".join([ex.comment_block(), "#", f"# Run from a torchtitan checkout: {launch}", "",
                                 render(plan, g)])
