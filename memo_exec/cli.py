@@ -171,14 +171,12 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
             if v is not None:
                 argv += [flag, str(v)]
         argv += ["--no-memory-plan"] * bool(no_memory_plan) + ["--json"] * bool(as_json)
-        from memo_exec.host_share import CpuShareMeter, append_run_share  # noqa: PLC0415
-
-        with CpuShareMeter() as meter:  # the ranks are this launcher's children: their CPU is its own
-            rc, said = launch_nproc(nproc, argv, str(outf.stage), progress, shown_out=out_dir)
+        # rank 0 writes "The machine during the run" from the ranks' own meters (`memo_exec.host_share.ranks_share`,
+        # the oversubscription line's figure), not from a meter of this launcher over its start-up and outputs too
+        rc, said = launch_nproc(nproc, argv, str(outf.stage), progress, shown_out=out_dir)
         if rc:
             _say(said)
             sys.exit(rc)
-        append_run_share(os.path.join(str(outf.stage), "report.md"), meter.result, rank_device(device, 0).kind)
         outf.commit()
         _say(said)  # rank 0's summary (or --json document), once every output is in place
         _warn(warn)

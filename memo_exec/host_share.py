@@ -86,6 +86,24 @@ class CpuShareMeter:
                                steal_core_s=stat1[1] - self._stat0[1])
 
 
+def ranks_share(cpu: list[dict | None]) -> CpuShare | None:
+    """What other processes took while the ranks of one run stepped, from each rank's `CpuShareMeter` around its run
+    (``cpu``: `CpuShare.to_dict` by rank, rank 0 first): rank 0's whole-machine busy and steal time over its window,
+    less every rank's own CPU time; None where a rank measured nothing (off Linux). The one figure a run's report
+    gives for the cores others took (the oversubscription line, `memo_exec.distributed.launch.oversubscription`, and
+    "The machine during the run", `run_share_section`): a review read 0.94 cores in one and 0.86 in the other, the
+    latter the --nproc launcher's own meter over the whole launch (start-up and output writing included)."""
+    if not cpu or not all(c and c.get("wall_s") for c in cpu):
+        return None
+    c0 = cpu[0]
+    return CpuShare(wall_s=c0["wall_s"], cores=int(c0.get("cores") or os.cpu_count() or 1),
+                    busy_core_s=c0["busy_core_s"], own_core_s=sum(c["own_core_s"] for c in cpu),
+                    steal_core_s=c0.get("steal_core_s", 0.0))
+
+
+RUN_SHARE_WINDOW = "the run's allocation and steps"  # what a run's meters cover: each rank's `Executor.run`
+
+
 # ------------------------------------------------------------------------------------ threads
 def default_threads_env(env) -> bool:
     """The CPU thread rule of every `memo-exec run` path where the user's ``OMP_NUM_THREADS`` chooses none: one torch
@@ -131,13 +149,17 @@ def default_threads(cpu: bool):
 IDLE_OTHER_CORES = 0.25  # cores other processes may take on average while a CPU loop measures
 
 
-def run_share_section(share: CpuShare | None, device_kind: str | None) -> str:
-    """report.md's section on the machine during a run (`memo-exec run`): what other processes took of its cores,
-    and, on a CPU run where they took more than `IDLE_OTHER_CORES`, that the measured times are the shared
-    machine's (slower than the prediction for reasons no part of the plan explains); '' off Linux."""
+def run_share_section(share: CpuShare | None, device_kind: str | None, ranks: int = 1) -> str:
+    """report.md's section on the machine during a run (`memo-exec run`): what other processes took of its cores
+    over `RUN_SHARE_WINDOW` (``ranks`` > 1: `ranks_share` of the run's ranks), and, on a CPU run where they took more
+    than `IDLE_OTHER_CORES`, that the measured times are the shared machine's (slower than the prediction for
+    reasons no part of the plan explains); '' off Linux."""
     if share is None:
         return ""
-    text = f"\n## The machine during the run\n\n- {share.line()} (`memo_exec.host_share`)"
+    how = f"; {ranks} ranks: rank 0's machine time less every rank's own" if ranks > 1 else ""
+    text = (f"\n## The machine during the run\n\n- other processes used {share.other_cores:.2f} of {share.cores} cores "
+            f"on average over {RUN_SHARE_WINDOW} ({share.wall_s:.0f} s; steal {share.steal_cores:.2f}) "
+            f"(`memo_exec.host_share`{how})")
     if device_kind == "cpu" and share.other_cores > IDLE_OTHER_CORES:
         text += (f"\n- **the measured times are the shared machine's**: other processes took "
                  f"{share.other_cores:.2f} cores on average (more than {IDLE_OTHER_CORES}), so a CPU run's steps "
@@ -146,13 +168,13 @@ def run_share_section(share: CpuShare | None, device_kind: str | None) -> str:
     return text + "\n"
 
 
-def append_run_share(report: str, share: CpuShare | None, device_kind: str | None) -> None:
+def append_run_share(report: str, share: CpuShare | None, device_kind: str | None, ranks: int = 1) -> None:
     """Append `run_share_section` to a run's report.md (written atomically)."""
     from pathlib import Path  # noqa: PLC0415
 
     from memo_sim.fileio import atomic_write_text  # noqa: PLC0415
 
-    section = run_share_section(share, device_kind)
+    section = run_share_section(share, device_kind, ranks)
     if section and Path(report).exists():
         atomic_write_text(Path(report), Path(report).read_text() + section)
 IDLE_LOAD_PER_CORE = 0.5  # the fallback where the share is not measured: 1-minute load per core

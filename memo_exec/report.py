@@ -213,7 +213,8 @@ def totals_rows(res: RunResult, pred: dict, source: str, layer_timings: dict | N
         ("exposed copy time", "s", pred.get("exposed_copy_s"), st.get("exposed_copy_s"), source),
         ("peak device memory (allocated)", "bytes", pred.get("peak_gpu_bytes"),
          st.get("peak_allocated_bytes") if cuda else None, source),
-        ("executor's memory estimate", "bytes", pred.get("peak_gpu_bytes"), _estimate_total(res), source),
+        ("executor's memory estimate", "bytes", pred.get("peak_gpu_bytes"), _estimate_total(res),
+         source + (f"; {why_est}" if (why_est := estimate_missing_why(res)) else "")),
         _pinned_row(res, pred, source),
     ]
     if not cuda:
@@ -311,12 +312,30 @@ def head_grads_note(plan) -> str | None:
 
 
 def _estimate_total(res: RunResult):
-    """The executor's whole-peak estimate, or None where it holds the static terms only (a distributed
-    rank's estimate does not make the transient terms, `memo_exec.memory_estimate.MemoryEstimate.not_estimated`):
-    a partial sum against the predicted peak would read as an error."""
+    """The executor's whole-peak estimate, or None where it holds part of the terms only (a distributed rank's
+    estimate without the plan's transient terms, or with activations autograd keeps, which are not sized before the
+    step: `memo_exec.memory_estimate.MemoryEstimate.not_estimated`, `estimate_missing_why`): a partial sum against
+    the predicted peak would read as an error."""
     if "peak_total" in getattr(res.estimate, "not_estimated", ()):
         return None
     return res.meta["memory_estimate_total_bytes"]
+
+
+UNSIZED_TERMS = ("skeletal_resident", "buffers", "lse", "norm_stats")  # a policy's activations (`unsized_terms`)
+
+
+def estimate_missing_why(res: RunResult) -> str | None:
+    """Why the executor's total is not made (`_estimate_total` None), in words for the headline row, or None where it
+    is: a policy's activations kept by autograd (`memo_exec.activations.base.ActivationPolicy.unsized_terms`, SPPO's),
+    or a distributed rank's transient terms, which neither a meta-device dry run (no collectives) nor the plan made."""
+    ne = getattr(res.estimate, "not_estimated", ())
+    if "peak_total" not in ne:
+        return None
+    unsized = [k for k in UNSIZED_TERMS if k in ne]
+    if unsized:
+        return (f"the executor's total is not made: under the {res.plan.policy.name} policy autograd keeps the "
+                f"activations ({', '.join(unsized)}), not sized before the step")
+    return "the executor's total is not made: its transient terms are not estimated (see the memory terms)"
 
 
 def _replica_gpus(res: RunResult) -> int:
@@ -615,6 +634,10 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
              "of one layer (stalls excluded), averaged over layers; offload/prefetch are the copy-stream spans of "
              "one layer; exposed copy time is the time the compute stream waited on copy events in the whole "
              "iteration.")
+    slow = slowest_rank_words(m.get("slowest_rank"))
+    if slow:  # a multi-rank run: the rows are rank 0's (`compare_run`); a synchronous step is its slowest rank's
+        L.append(f"The measured rows are rank 0's, as the simulator's first GPU is predicted; {slow}. A synchronous "
+                 f"step lasts as long as its slowest rank; every rank's times are under \"Per rank\".")
     if m["device_kind"] == "cuda":
         L.append(f"Peak device memory is the caching allocator's peak allocated; its peak reserved was "
                  f"{_fmt(st['peak_reserved_bytes'], 'bytes')}. Pinned host memory is the page-locked offload pool.")
@@ -679,7 +702,8 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
                  f"dtype, fp32 master weights and moments where the dtype is 16-bit).")
     if m.get("world", 1) > 1:
         L.append("")
-        carried = "peak_total" not in getattr(res.estimate, "not_estimated", ("peak_total",))
+        ne = getattr(res.estimate, "not_estimated", None)  # carried: the plan's transient terms stand in
+        carried = ne is not None and not any(k in ne for k in ("transient_peak", "layer_boundary", "classifier_peak"))
         L.append(f"Distributed run: the executor's estimate is rank {m.get('rank', 0)}'s: its static memory (model "
                  "states after ZeRO, the policy's activation storage, lse and norm statistics) made here"
                  + ("; its transient, boundary and classifier terms the plan's own (the simulator's for one GPU of "
@@ -689,12 +713,13 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
                     "from a dry run of the layer on the meta device, which cannot run the collectives, and the plan "
                     "carries none), so they, the total and the row `executor's memory estimate` above read — (a sum "
                     "of the static terms against the predicted peak would read as an error)."))
-        unsized = [r["term"] for r in cmp_.memory if r["executor_bytes"] is None
-                   and r["term"] in ("skeletal_resident", "buffers", "lse", "norm_stats")]
+        unsized = [r["term"] for r in cmp_.memory if r["executor_bytes"] is None and r["term"] in UNSIZED_TERMS]
         if unsized:  # the policy's activations are kept by autograd (`ActivationPolicy.unsized_terms`)
             L.append("")
             L.append(f"Under this plan's policy ({p.policy.name}) the activations ({', '.join(unsized)}) are kept by "
-                     "autograd as the step runs, not sized before it, so they read — too.")
+                     "autograd as the step runs, not sized before it, so they read — too, and so do the total "
+                     "(peak_total) and the row `executor's memory estimate` above: a sum without them against the "
+                     "predicted peak would read as an error.")
     if p.model.moe and p.policy.name == "recompute_moe":  # where the rebuilt block's tensors are counted
         L.append("")
         L.append("Under recompute_moe the simulator's buffers term is its recompute buffer: the rebuilt norm and every "
@@ -840,6 +865,31 @@ def gather_payloads(payload: dict) -> list[dict] | None:
     out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(payload, out, dst=0)
     return out
+
+
+def slowest_rank(payloads: list[dict]) -> dict | None:
+    """The rank of a multi-rank run whose steady iteration took longest, beside rank 0's (the report's and the
+    command line's headline, measured beside the simulator's first GPU: `compare_run`): ``{"rank", "iteration_s",
+    "rank0_iteration_s", "ranks"}``, or None for one rank or where a rank measured no iteration. A synchronous step
+    lasts as long as its slowest rank, so the headline says how far that one is (`slowest_rank_words`)."""
+    its = {p["rank"]: (p.get("steady") or {}).get("iteration_s") for p in payloads}
+    if len(its) < 2 or any(v is None for v in its.values()) or 0 not in its:
+        return None
+    r = max(its, key=lambda k: (its[k], -k))
+    return {"rank": r, "iteration_s": its[r], "rank0_iteration_s": its[0], "ranks": len(its)}
+
+
+def slowest_rank_words(slow: dict | None) -> str | None:
+    """`slowest_rank` in words, or None where there is none: 'rank 0 is the slowest of 2 ranks' or 'the slowest
+    of 2 ranks, rank 1, took 0.3476 s an iteration (+55.6% over rank 0's)'."""
+    if not slow:
+        return None
+    n = slow["ranks"]
+    if slow["rank"] == 0:
+        return f"rank 0 is the slowest of {n} ranks"
+    r0 = slow["rank0_iteration_s"]
+    over = f" ({(slow['iteration_s'] / r0 - 1):+.1%} over rank 0's)" if r0 else ""
+    return f"the slowest of {n} ranks, rank {slow['rank']}, took {slow['iteration_s']:.4f} s an iteration{over}"
 
 
 def _busy(summaries: list[dict]) -> dict[str, float]:

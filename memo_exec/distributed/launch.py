@@ -167,15 +167,17 @@ def oversubscription(ranks: int, threads: int, cpu: list[dict | None], cores: in
                      load: float | None = None) -> dict:
     """Whether a CPU run's ranks and the machine's other processes wanted more cores than it has: ``ranks`` x
     ``threads`` torch threads plus what other processes took -- measured over the run where every rank's ``cpu``
-    (`memo_exec.host_share.CpuShare.to_dict`) is known: rank 0's whole-machine busy time less every rank's own,
-    else the 1-minute ``load`` average before the ranks started -- against ``cores`` (`os.cpu_count`), with
-    `OVERSUBSCRIBED_SLACK_CORES` of slack (2 ranks on 2 cores: others above 0.5 cores). ``line``: the report's one
-    line, None where the cores sufficed."""
+    (`memo_exec.host_share.CpuShare.to_dict`) is known: rank 0's whole-machine busy time less every rank's own
+    (`memo_exec.host_share.ranks_share`), else the 1-minute ``load`` average before the ranks started -- against
+    ``cores`` (`os.cpu_count`), with `OVERSUBSCRIBED_SLACK_CORES` of slack (2 ranks on 2 cores: others above 0.5
+    cores). ``line``: the report's one line, None where the cores sufficed."""
+    from memo_exec.host_share import RUN_SHARE_WINDOW, ranks_share  # noqa: PLC0415
+
     cores = cores or os.cpu_count() or 1
     others, how = None, "not measured"
-    if cpu and all(c and c.get("wall_s") for c in cpu):
-        others = max(0.0, cpu[0]["busy_core_s"] - sum(c["own_core_s"] for c in cpu)) / cpu[0]["wall_s"]
-        how = "other processes took on average during the run"
+    share = ranks_share(cpu)  # the figure "The machine during the run" gives too: one measurement, one window
+    if share is not None:
+        others, how = share.other_cores, f"other processes took on average over {RUN_SHARE_WINDOW}"
     elif load is not None:
         others, how = load, "the 1-minute load average before the ranks started"
     demand = ranks * threads + (others or 0.0)
@@ -372,6 +374,11 @@ def merge_rank_meta(res, payloads: list[dict], world: int, device) -> None:
     probe = slowest_probe([p.get("speed_probe") for p in payloads])
     if probe is not None:
         res.meta["speed_probe"] = probe
+    from memo_exec.report import slowest_rank  # noqa: PLC0415
+
+    slow = slowest_rank(payloads)  # the headline is rank 0's: how far the slowest rank is, said beside it
+    if slow is not None:
+        res.meta["slowest_rank"] = slow
     if not device.is_cuda:  # one rank too (--nproc 1, a one-rank in-process run): the same words
         threads = int((res.meta.get("cpu_threads") or {}).get("threads") or 1)
         try:
@@ -461,6 +468,10 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
             paths, comparison = write_outputs(res, out_dir, plan_file)
             rows = write_rank_outputs(payloads, res, out_dir, plan_file, paths, comparison)
             paths.update(schedule_outputs(ex.schedule, out_dir, plan_file, paths["report"]))
+            from memo_exec.host_share import append_run_share, ranks_share  # noqa: PLC0415
+
+            # the cores others took, the figure the oversubscription line gives (`merge_rank_meta`): one measurement
+            append_run_share(paths["report"], ranks_share([p.get("cpu") for p in payloads]), device.kind, world)
             if outf is not None:  # every output written: moved into --out, manifest.json last, before any line
                 outf.commit()
                 outf = None
@@ -479,14 +490,18 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                        "tokens": res.meta["tokens"], "steady_state": st,
                        "losses": [s["loss"] for s in res.summaries], "per_rank": rows,
                        "speed_probe": res.meta.get("speed_probe"), "cores": res.meta.get("cores"),
-                       "oversubscribed": res.meta.get("oversubscribed"), **comparison.to_dict(),
+                       "oversubscribed": res.meta.get("oversubscribed"), "slowest_rank": res.meta.get("slowest_rank"),
+                       **comparison.to_dict(),
                        "notes": [n for n in (res.meta.get("allocator_settings_note"),) if n],
                        "files": {k: str(shown_path(v, shown_out, out_dir)) for k, v in paths.items()}}
                 echo(json.dumps(doc, indent=1, default=float))
             else:
                 where = f"in this process ({ex.schedule.name} schedule)" if in_process else f"on {world} ranks"
+                slow = res.meta.get("slowest_rank") or {}
+                slowest = (f"; slowest rank {slow['rank']}: {slow['iteration_s']:.4f} s" if slow.get("rank")
+                           else "; the slowest" if slow else "")
                 echo(f"{res.meta['model']} {res.meta['policy']} {res.meta['layout']} {where} "
-                     f"({res.meta['device']}): {st['iteration_s']:.4f} s/iteration (rank 0), "
+                     f"({res.meta['device']}): {st['iteration_s']:.4f} s/iteration (rank 0{slowest}), "
                      f"{res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, loss {res.summaries[-1]['loss']:.4f}")
                 shown = {k: shown_path(v, shown_out, out_dir) for k, v in paths.items()}
                 merged = "" if in_process else f" (merged over {world} ranks)"
