@@ -24,7 +24,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memo_sim.cost import collectives as coll
 from memo_sim.cost.activations import tokens_per_gpu
@@ -88,9 +88,25 @@ def mtp_seconds(model: ModelConfig, layout: Layout, batch: int, seq: int, profil
     layers' GEMM format with its casts, and its TP collectives: `mtp_projection_comm`), three
     norms (read and write forward, read two and write one backward) and ``head``: the embedding lookup and a pass of
     the classifier and loss, as the model's own; under ``recompute`` the norms', projection's and layer's forward
-    again."""
+    again.
+
+    Memoised on the layout at ZeRO 0 (`zero_free`): nothing here reads the ZeRO stage (the layer's op lists,
+    `memo_sim.cost.layer_time`, price no weight gather; the projection's collectives are TP's), and a what-if asks
+    for every ZeRO stage of a layout (a cluster-scale MoE query priced each stage's layer op lists again, the most
+    of its tier-1 time: deepseek-v3 on 256 GB200s, 2026-12-02)."""
     if not model.mtp_layers:
         return 0.0
+    return _mtp_seconds(model, zero_free(layout), batch, seq, profile, head, recompute)
+
+
+def zero_free(layout: Layout) -> Layout:
+    """``layout`` at ZeRO stage 0: the key of the costs that do not read the stage (`mtp_seconds`)."""
+    return layout if layout.zero == 0 else replace(layout, zero=0)
+
+
+@memoised(maxsize=1 << 15)
+def _mtp_seconds(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
+                 head: float, recompute: bool) -> float:
     toks = tokens_per_gpu(layout, batch, seq)
     dt = DTYPE_BYTES[model.dtype]
     h, tp = model.hidden, layout.tp

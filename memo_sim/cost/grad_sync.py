@@ -65,6 +65,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
+from memo_sim.cost.memo import memoised
 from memo_sim.cost.param_split import GpuParams, gpu_params, layer_gpu_params, model_gpu_params
 from memo_sim.layout.parallel import Layout, expert_group_placements, stages_cross_nodes
 from memo_sim.model.config import ModelConfig
@@ -158,9 +159,11 @@ def shared_embedding_seconds(model: ModelConfig, layout: Layout, profile: Hardwa
     return coll.allreduce_time(nbytes, 2, *coll.link_params(link, "all_reduce")), coll.link_kind(profile, link)
 
 
+@memoised(maxsize=1 << 15)
 def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stride: int | None = None) -> GradSync:
     """``stride``: how far apart the group's ranks are (default TP; a pipeline stage's replicas where the rank
-    order puts them, `memo_sim.layout.rank_order.data_group_stride`)."""
+    order puts them, `memo_sim.layout.rank_order.data_group_stride`). Memoised (a pure function; the result is
+    frozen): the what-if's estimate and proved bound of every policy and micro-batch size of a layout ask for it."""
     g = layout.state_shards
     link = coll.group_link(profile, g, layout.tp if stride is None else stride, layout.gpus)
     gather_link = link  # where the weights are all-gathered

@@ -71,11 +71,15 @@ def chain_tail(costs: list[OpCost]) -> list[int]:
 
 
 def critical_time(costs: list[OpCost]) -> float:
-    """Seconds of a layer phase alone on the GPU: the longest path of `chain_dependencies`."""
+    """Seconds of a layer phase alone on the GPU: the longest path of `chain_dependencies`. One walk of the rule
+    gives both the dependencies and the tail (`_walk`; a cluster-scale what-if walked every phase twice), and an op
+    that waits for one op takes that op's finish (the same value the maximum over one element is)."""
+    deps, tail = _walk(costs)
     finish: list[float] = []
-    for c, d in zip(costs, chain_dependencies(costs)):
-        finish.append(max((finish[j] for j in d), default=0.0) + c.seconds)
-    return max((finish[j] for j in chain_tail(costs)), default=0.0)
+    for c, d in zip(costs, deps):
+        start = finish[d[0]] if len(d) == 1 else max((finish[j] for j in d), default=0.0)
+        finish.append(start + c.seconds)
+    return max((finish[j] for j in tail), default=0.0)
 
 
 def exposed_side_time(costs: list[OpCost]) -> float:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 MAX_CAPACITY = 64.0
 SIMPLE = ("forced", "random", "dropless")  # the settings without a parameter
@@ -171,7 +172,13 @@ def measured_balance(loads: list[list[float]]) -> str:
 
 def parse_balance(text: str) -> Balance:
     """``forced``, ``random``, ``dropless``, ``capacity:F`` (F a number in (0, 64]) or ``measured:eE:ep=f,...``;
-    ValueError naming the forms."""
+    ValueError naming the forms. A text is parsed once (`Layout.balance` reads it at every check and cost of a MoE
+    layout; a query has a few texts); anything else (a value read from a file) each time, to be refused."""
+    return _parse_balance(text) if isinstance(text, str) else _parse_balance.__wrapped__(text)
+
+
+@lru_cache(maxsize=256)
+def _parse_balance(text: str) -> Balance:
     if text in SIMPLE:
         return Balance(text)
     if isinstance(text, str) and text.startswith("measured:"):

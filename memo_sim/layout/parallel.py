@@ -134,7 +134,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from memo_sim.errors import MemoError, validated
-from memo_sim.model.config import ModelConfig
+from memo_sim.model.config import ModelConfig, cache_hash
 from memo_sim.dp import DP_MODES, DPFlavour, dp_flavour
 from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.kv_heads import ULYSSES_KV_RULES, kv_heads_why_not, kv_repeat_factor
@@ -456,6 +456,7 @@ class Layout:
         return cls(**validated(_LayoutIn, d, source).model_dump())
 
 
+cache_hash(Layout)
 MAX_DEGREE = 1 << 20  # a parallel degree past a million GPUs is a typo, not a cluster
 _Degree = Annotated[int, Field(strict=True, ge=1, le=MAX_DEGREE)]
 

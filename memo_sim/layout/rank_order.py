@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import lru_cache
 
 # innermost first; the first is the default
 RANK_ORDERS: dict[str, tuple[str, ...]] = {
@@ -38,8 +39,14 @@ def dims(order: str) -> tuple[str, ...]:
 
 def dim_stride(layout, dim: str) -> int:
     """How many ranks apart neighbours in dimension ``dim`` sit (the product of the degrees inside it)."""
-    inner = dims(layout.rank_order)
-    return math.prod(getattr(layout, d) for d in inner[:inner.index(dim)])
+    return math.prod([getattr(layout, d) for d in _inner(layout.rank_order, dim)])
+
+
+@lru_cache(maxsize=64)
+def _inner(order: str, dim: str) -> tuple[str, ...]:
+    """The dimensions inside ``dim`` in ``order`` (looked up once: every MoE layout's check asks)."""
+    inner = dims(order)
+    return inner[:inner.index(dim)]
 
 
 def pp_stride(layout) -> int:

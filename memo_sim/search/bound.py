@@ -30,6 +30,7 @@ from typing import Callable
 
 from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.grad_sync import grad_sync
+from memo_sim.cost.memo import memoised
 from memo_sim.cost.layer_time import critical_time
 from memo_sim.cost.sppo import stage_layer_counts, stage_layer_indices, stage_optimizer_time
 from memo_sim.errors import MemoError
@@ -59,8 +60,10 @@ def lower_bound(c) -> float:
     return rule(c)
 
 
+@memoised(maxsize=1 << 15)
 def _phase_times(model, shard, batch, seq, policy, profile) -> tuple[float, float, float]:
-    """Critical seconds of one layer's forward, backward and recompute on one GPU."""
+    """Critical seconds of one layer's forward, backward and recompute on one GPU (memoised: every micro-batch
+    count, ZeRO stage and schedule of a shard and policy asks again)."""
     f, b = _forward_backward_times(model, shard, batch, seq, profile)
     rec = policy.recompute_costs(model, shard, batch, seq, profile)
     return f, b, critical_time(rec) if rec else 0.0
