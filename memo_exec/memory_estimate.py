@@ -74,6 +74,8 @@ SIM_TERMS = {
 }
 STATIC_TERMS = ("model_states", "skeletal_resident", "buffers", "lse", "norm_stats")
 PEAK_TERMS = ("transient_peak", "layer_boundary", "classifier_peak", "optimizer_step_peak")
+TRANSIENT_TERMS = PEAK_TERMS[:3]  # what the plan's level-1 transients and the classifier's peak size
+ACTIVATION_TERMS = STATIC_TERMS[1:]  # a policy's activations (autograd's where the executor does not size them)
 
 
 def peak_total(static: float, terms: dict) -> int:

@@ -30,6 +30,7 @@ from memo_exec.compare import (alltoall_rows, op_rows, rel_error, resimulate, ri
 from memo_exec.device import element_size, memo_dtype_name
 from memo_exec.figures import layer_figure, overlay_gantt, rank_coords, rank_host_samples, ranks_to_draw
 from memo_exec.measure import steady_steps, steady_value, timeline_from_step
+from memo_exec.memory_estimate import ACTIVATION_TERMS, TRANSIENT_TERMS
 from memo_exec.runner import RunResult
 from memo_sim.model.flops import mfu
 from memo_sim.fileio import atomic_write_text
@@ -321,7 +322,7 @@ def _estimate_total(res: RunResult):
     return res.meta["memory_estimate_total_bytes"]
 
 
-UNSIZED_TERMS = ("skeletal_resident", "buffers", "lse", "norm_stats")  # a policy's activations (`unsized_terms`)
+UNSIZED_TERMS = ACTIVATION_TERMS  # a policy's activations (`unsized_terms`)
 
 
 def estimate_missing_why(res: RunResult) -> str | None:
@@ -703,7 +704,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     if m.get("world", 1) > 1:
         L.append("")
         ne = getattr(res.estimate, "not_estimated", None)  # carried: the plan's transient terms stand in
-        carried = ne is not None and not any(k in ne for k in ("transient_peak", "layer_boundary", "classifier_peak"))
+        carried = ne is not None and not any(k in ne for k in TRANSIENT_TERMS)
         L.append(f"Distributed run: the executor's estimate is rank {m.get('rank', 0)}'s: its static memory (model "
                  "states after ZeRO, the policy's activation storage, lse and norm statistics) made here"
                  + ("; its transient, boundary and classifier terms the plan's own (the simulator's for one GPU of "

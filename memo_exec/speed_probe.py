@@ -16,7 +16,7 @@ caches written over before each repeat, `memo_exec.calibrate.microbench.Bench`),
 (``provenance.speed_probe``), a CPU run after every step, outside the step's timing
 (``speed_probe`` of the run's --json document; the ranks of a multi-rank run then wait for each other,
 `memo_exec.runner.run_steps`, so no rank's next step times a peer's probe, and the cold-cache buffer
-is unmapped after each sample, so no step's RSS peak holds it), and `drift` compares the two:
+has its pages given back after each sample, so no step's RSS peak holds them), and `drift` compares the two:
 `memo_exec.host_share.busy_reason` treats a run whose median sample is more than
 `SPEED_DRIFT_LIMIT` away from the calibration's as a run on another machine. The calibration
 measures its GEMMs (the rates most of a step's time is priced at) once more when the samples
@@ -69,7 +69,7 @@ class SpeedProbe:
         self._addmm(self._b, self._x, self._w.t(), out=self._out)
 
     def sample(self) -> float:
-        """GFLOP/s of the reference GEMM now; the cold-cache buffer is unmapped after it (`Bench.release`): between
+        """GFLOP/s of the reference GEMM now; the cold-cache buffer's pages go back after it (`Bench.release`): between
         two samples the probe holds its operands alone (7 MiB), not the write's pages, which a run's RSS peak
         would otherwise count in every step after the first sample. The calibration's samples do the same, so
         the two compare (each sample's first write faults the pages in, untimed)."""

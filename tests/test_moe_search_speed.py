@@ -14,14 +14,16 @@ from dataclasses import replace
 
 import pytest
 
-from memo_sim.cost.boundary import boundary_times, mtp_seconds, zero_free
+from memo_sim.cost.boundary import _mtp_seconds, boundary_times, mtp_seconds, zero_free
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.cost.memo import unmemoised
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
 from memo_sim.profile import load_profile
+from memo_sim.policy.full_recompute import FullRecompute
 from memo_sim.search import prune
+from memo_sim.search.bound import _phase_times
 from memo_sim.search.whatif import make_candidate
 
 H100 = load_profile("h100-sxm5-80gb")
@@ -39,11 +41,14 @@ def test_mtp_seconds_keyed_at_zero_0_is_the_uncached_value_of_every_stage(lay):
     assert backward_costs(DSV3, lay, 1, SEQ, H100) == backward_costs(DSV3, zero_free(lay), 1, SEQ, H100)
     cached = [mtp_seconds(DSV3, lay, 1, SEQ, H100, 0.25, rec) for rec in (False, True)]
     bt = boundary_times(DSV3, lay, 1, SEQ, H100)
+    sync = grad_sync(DSV3, lay, H100)
+    phases = _phase_times(DSV3, lay, 1, SEQ, FullRecompute(), H100)
     with unmemoised():
-        assert cached == [mtp_seconds(DSV3, lay, 1, SEQ, H100, 0.25, rec) for rec in (False, True)]
+        # the layout at its own ZeRO stage, priced afresh (the memo's key is the stage-free layout)
+        assert cached == [_mtp_seconds.__wrapped__(DSV3, lay, 1, SEQ, H100, 0.25, rec) for rec in (False, True)]
         assert bt == boundary_times(DSV3, lay, 1, SEQ, H100)
-        assert grad_sync(DSV3, lay, H100) == grad_sync(DSV3, lay, H100)
-    assert grad_sync(DSV3, lay, H100) == grad_sync(DSV3, lay, H100)
+        assert sync == grad_sync(DSV3, lay, H100)
+        assert phases == _phase_times(DSV3, lay, 1, SEQ, FullRecompute(), H100)
 
 
 def test_a_kept_bound_is_the_bound_proved_afresh():

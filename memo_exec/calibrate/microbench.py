@@ -213,10 +213,12 @@ class Bench:
         self._map_flush()
 
     def _map_flush(self) -> None:
-        """Map the cold-cache buffer: an anonymous private mapping, not the C library's heap, so `release` gives
+        """Map the cold-cache buffer: an anonymous private mapping, not the C library's heap, so `release` can give
         its pages back to the kernel whatever the malloc policy (`memo_exec.host_malloc.keep_freed_memory` keeps
         freed heap memory in the process, and glibc serves a request under its 32 MiB mmap threshold from the
-        heap). The pages are faulted in by the first write, as ``torch.empty``'s were."""
+        heap). The pages are faulted in by the first write, as ``torch.empty``'s were. The mapping lives as long as
+        the bench: ``torch.frombuffer`` holds no export of it, so a closed mapping under a live tensor would be
+        read after it is unmapped."""
         if not self.flush_bytes or self._flush is not None:
             return
         n = self.flush_bytes // 4 * 4
@@ -225,26 +227,24 @@ class Bench:
         self._flush = torch.frombuffer(self._map, dtype=torch.float32)
 
     def release(self) -> bool:
-        """Unmap the cold-cache buffer, so the process's resident set no longer holds it (the next `evict` maps
-        it again: its first write then faults the pages in, untimed as the write is). A CPU run's speed probe
-        (`memo_exec.speed_probe.SpeedProbe.sample`) releases its buffer after each sample: kept mapped, its
-        pages stayed in the run's RSS and so in every later step's measured peak (a review: 0.301 GiB at step 0,
-        0.557 GiB at step 1, the 256 MiB write more). False where nothing was mapped."""
-        if self._map is None:
+        """Give the cold-cache buffer's pages back to the kernel (``madvise(MADV_DONTNEED)`` on its private anonymous
+        mapping: the process's resident set no longer holds them, the mapping and the tensor stay valid, and the
+        next `evict`'s write faults in zero pages, untimed as the write is). A CPU run's speed probe
+        (`memo_exec.speed_probe.SpeedProbe.sample`) releases its buffer after each sample: kept, its pages stayed in
+        the run's RSS and so in every later step's measured peak (a review: 0.301 GiB at step 0, 0.557 GiB at step
+        1, the 256 MiB write more). False where nothing is mapped or the platform has no ``madvise`` (the pages are
+        then kept and reused)."""
+        if self._map is None or not hasattr(mmap, "MADV_DONTNEED") or not hasattr(self._map, "madvise"):
             return False
-        self._flush = None  # the tensor's export of the mapping first: a mapping with exports cannot close
         try:
-            self._map.close()
-        except BufferError:  # still exported somewhere: kept (and used again) rather than leaked
-            self._flush = torch.frombuffer(self._map, dtype=torch.float32)
+            self._map.madvise(mmap.MADV_DONTNEED)
+        except OSError:
             return False
-        self._map = None
         return True
 
     def evict(self) -> None:
         """Push the operands out of the CPU caches (untimed; a no-op on CUDA or with cold=False)."""
-        if self.flush_bytes:
-            self._map_flush()
+        if self._flush is not None:
             self._flush.fill_(1.0)
 
     def sync(self) -> None:

@@ -48,7 +48,7 @@ from memo_exec.distributed.tp import flavour_for
 from memo_exec.distributed.zero import GradSync
 from memo_exec.errors import ExecError, MemoryPlanError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, storage_bytes
-from memo_exec.memory_estimate import PEAK_TERMS, STATIC_TERMS, MemoryEstimate, peak_total
+from memo_exec.memory_estimate import PEAK_TERMS, STATIC_TERMS, TRANSIENT_TERMS, MemoryEstimate, peak_total
 from memo_exec.model import GPT, ChainedHooks, LayerHooks, vocab_rows
 from memo_exec.mtp import MTPRun, TPSplit, modules_recomputed, whole_projections
 from memo_exec.optim import AdamW
@@ -449,7 +449,7 @@ class DistExecutor(ExecutorBase):
         if per_lse:  # Ulysses keeping its head-sharded tensors in the attention's aux, which lives as its lse does
             terms["skeletal_resident"] += terms["lse"] // per_lse * self._ulysses_kept_bytes()
         carried = self._plan_transients()
-        unknown = [k for k in ("transient_peak", "layer_boundary", "classifier_peak") if k not in carried]
+        unknown = [k for k in TRANSIENT_TERMS if k not in carried]
         unknown += ["optimizer_step_peak"]  # the executor's own term (the simulator has none): not made here
         unknown += sorted({k for p in pols for k in p.unsized_terms})  # kept by autograd: not sized before the step
         for k in unknown:
@@ -474,7 +474,7 @@ class DistExecutor(ExecutorBase):
         # without the plan's transients, or with activations kept by autograd (not sized: 0 here), peak_total holds
         # part of the terms only: compared as none too (a review: SPPO's read -35% against the simulator's peak, the
         # gap its unsized skeletal_resident, lse and norm_stats)
-        partial = any(k in unknown for k in ("transient_peak", "layer_boundary", "classifier_peak", *STATIC_TERMS))
+        partial = any(k in unknown for k in (*TRANSIENT_TERMS, *STATIC_TERMS))
         return MemoryEstimate(terms, host, {}, not_estimated=(*unknown, *(["peak_total"] if partial else [])))
 
     def _plan_transients(self) -> dict[str, int]:
@@ -488,7 +488,7 @@ class DistExecutor(ExecutorBase):
         plan_dtype = DTYPES.get(self.plan.model.dtype)
         scale = element_size(self.dtype) / element_size(plan_dtype) if plan_dtype is not None else 1.0
         out = {}
-        for k in ("transient_peak", "layer_boundary", "classifier_peak"):
+        for k in TRANSIENT_TERMS:
             v = bd.get(SIM_TERMS[k])
             if isinstance(v, (int, float)) and v >= 0:
                 out[k] = int(v * scale)

@@ -41,7 +41,7 @@ from memo_sim.cost.activations import layer_rows, row_bytes, saved_tensors, skel
 from memo_sim.cost.sppo import PARTITIONS, Piece, kv_cache_bytes, partition_bounds, stage_gpu_shard, stage_pieces
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
-from memo_sim.model.config import ModelConfig
+from memo_sim.model.config import ModelConfig, cache_hash
 from memo_sim.policy.base import Policy
 from memo_sim.policy.host_layout import OffloadedTensor, copy_bytes, host_block_bytes, offload_token_count
 from memo_sim.policy.registry import register
@@ -160,10 +160,8 @@ class Sppo(Policy):
         """The rows of one unit's tensors that go to host: alpha_i of the rows of every skeletal
         tensor but lse (and but K and V where they stay cached)."""
         shard = stage_gpu_shard(layout)
-        rows = layer_rows(shard, batch, piece.tokens)
-        off = offload_token_count(self.alphas[piece.sub], rows)
-        return [OffloadedTensor(t.name, off, row_bytes(t, shard)) for t in saved_tensors(model, shard)
-                if t.role in ("input", "attn", "other") and not (cached_kv and t.name in KV_TENSORS)]
+        off = offload_token_count(self.alphas[piece.sub], layer_rows(shard, batch, piece.tokens))
+        return [OffloadedTensor(name, off, rb) for name, rb in _offloaded_rows(model, shard, cached_kv)]
 
     def unit_bytes(self, model: ModelConfig, layout: Layout, batch: int, piece: Piece, cached_kv: bool,
                    profile: HardwareProfile, offloaded: bool = True) -> UnitBytes:
@@ -237,21 +235,14 @@ class Sppo(Policy):
             raise MemoError(f"sppo policy: bad value ({e})") from None
 
 
+@cache_hash
 @dataclass(frozen=True)
 class UnitRows:
     """What one unit's offload copies, but for its ratio: the unit's token rows and the (name, bytes per row) of
-    each tensor whose first alpha_i of the rows go to host (every skeletal tensor but lse, and but K and V where
-    they stay cached)."""
+    each tensor whose first alpha_i of the rows go to host (`_offloaded_rows`); a memo key (its hash kept)."""
 
     rows: int
     tensors: tuple[tuple[str, float], ...]
-    _hash: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.rows, self.tensors)))  # hashed once: a memo key
-
-    def __hash__(self) -> int:
-        return self._hash
 
     def copies(self, alpha: float, scheme: str, rounding: str) -> tuple[float, float]:
         """(bytes copied to host, pinned host bytes they take) at ratio ``alpha`` (memoised: SPPO's search asks for
@@ -269,9 +260,7 @@ def _unit_copies(unit: UnitRows, alpha: float, scheme: str, rounding: str) -> tu
 @lru_cache(maxsize=1 << 12)
 def unit_rows(model: ModelConfig, shard: Layout, batch: int, tokens: int, cached_kv: bool) -> UnitRows:
     """The offload rows of a ``tokens``-long piece's unit on one GPU of a stage (``shard``: `stage_gpu_shard`)."""
-    return UnitRows(layer_rows(shard, batch, tokens),
-                    tuple((t.name, row_bytes(t, shard)) for t in saved_tensors(model, shard)
-                          if t.role in ("input", "attn", "other") and not (cached_kv and t.name in KV_TENSORS)))
+    return UnitRows(layer_rows(shard, batch, tokens), _offloaded_rows(model, shard, cached_kv))
 
 
 @lru_cache(maxsize=1 << 16)
@@ -284,9 +273,16 @@ def _unit_bytes(model: ModelConfig, shard: Layout, batch: int, tokens: int, alph
 
 
 @lru_cache(maxsize=1024)
+def _offloaded_rows(model: ModelConfig, shard: Layout, cached_kv: bool) -> tuple[tuple[str, float], ...]:
+    """(name, bytes per row) of each tensor whose first alpha_i of a unit's rows go to host: every skeletal tensor
+    but lse, and but K and V where they stay cached (the module docs' two-level activation management)."""
+    return tuple((t.name, row_bytes(t, shard)) for t in saved_tensors(model, shard)
+                 if t.role in ("input", "attn", "other") and not (cached_kv and t.name in KV_TENSORS))
+
+
+@lru_cache(maxsize=1024)
 def _offload_row_bytes(model: ModelConfig, shard: Layout, cached_kv: bool) -> float:
-    return float(sum(row_bytes(t, shard) for t in saved_tensors(model, shard)
-                     if t.role in ("input", "attn", "other") and not (cached_kv and t.name in KV_TENSORS)))
+    return float(sum(rb for _name, rb in _offloaded_rows(model, shard, cached_kv)))
 
 
 def granule(layout: Layout) -> int:

@@ -67,8 +67,7 @@ def render(answer: Answer, fmt: str) -> str:
     """The answer as text in ``fmt`` (table, csv or md)."""
     out: list[str] = []
     if fmt == "csv":
-        if answer.verdict:
-            out.append(f"# {answer.verdict}")
+        out += _csv_comments(answer.verdict or "")
         for p in answer.parts:
             if isinstance(p, Table):
                 buf = io.StringIO()
@@ -76,8 +75,8 @@ def render(answer: Answer, fmt: str) -> str:
                 headers, rows = csv_numbers(p.headers, p.rows)
                 w.writerow([_csv_header(h) for h in headers])
                 w.writerows(rows)
-                title = p.title.strip()
-                out.append((f"# {title}\n" if title else "") + buf.getvalue().rstrip("\n"))
+                out += _csv_comments(p.title)
+                out.append(buf.getvalue().rstrip("\n"))
             else:  # a line of the answer, where the table format prints it (a review: whatif --train-tokens lost it)
                 out += _csv_comments(p)
         return "\n".join(out)

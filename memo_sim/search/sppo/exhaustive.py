@@ -11,9 +11,9 @@ from memo_sim.layout.parallel import Layout, enumerate_pipeline_layouts
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.sppo import Sppo
 from memo_sim.profile.schema import HardwareProfile
-from memo_sim.search.sppo.grid import search_points
+from memo_sim.search.sppo.grid import edge_subseqs, search_points
 from memo_sim.search.sppo.heuristic import heuristic_choice
-from memo_sim.search.sppo.points import MAX_SUBSEQS, SppoPoint, _rank_key
+from memo_sim.search.sppo.points import SppoPoint, _rank_key
 from memo_sim.search.sppo.solve import _lower_bound, bound_plan, point_alive, solve_point
 
 
@@ -103,24 +103,24 @@ def exhaustive_search(model: ModelConfig, seq: int, gpus: int, profile: Hardware
         if len(fits) >= keep and fits[0].estimate.iteration_s / fits[0].layout.dp <= lb / lay.dp:
             break
         solve(lb, lay, pol)
-    # the grid's edge: where the best fitting point has its layout's largest N, half the tokens per device (below
-    # MIN_TOKENS_PER_DEVICE) may be faster still, so the next N's points of that layout are priced and solved the
-    # same way, for as long as the best moves to the new edge (a review: llama-3.1-70b on 64 H100s at 128K, tp4+sp
-    # pp4: N=32 at 1K tokens per device was the best, N=64 faster on both tiers)
+    # past the grid's edge while the best sits on it (`edge_subseqs`): the next N's points of the best's layout,
+    # priced and solved the same way
     top: dict[Layout, int] = {}
     for lay, n, _part, _mux in points:
         top[lay] = max(top.get(lay, 0), n)
-    while subseqs is None and fits and len(solved) < max_solves:
-        best = fits[0]
-        lay, n = best.layout, best.policy.subseqs
-        if n != top.get(lay) or 2 * n > MAX_SUBSEQS:
+    while fits and len(solved) < max_solves:
+        lay = fits[0].layout
+        n = edge_subseqs(fits[0].policy.subseqs, top.get(lay), subseqs)
+        if n is None:
             break
-        top[lay] = 2 * n
-        extra = [(lay, *p) for p in search_points(lay, seq, 2 * n, partitions, multiplex)]
+        top[lay] = n
+        extra = [(lay, *p) for p in search_points(lay, seq, n, partitions, multiplex)]
         size += len(extra)
-        edge = [(v[0], lay, v[1]) for v in (Pricing(model, batch, seq, profile, extra).price(i)
-                                             for i in range(len(extra))) if v is not None]
-        for lb, _lay, pol in sorted(edge, key=lambda t: t[0]):
+        edge = [(v[0], v[1]) for v in (Pricing(model, batch, seq, profile, extra).price(i)
+                                        for i in range(len(extra))) if v is not None]
+        for lb, pol in sorted(edge, key=lambda t: t[0]):
+            if len(solved) >= max_solves:
+                break
             if lb / lay.dp < fits[0].estimate.iteration_s / fits[0].layout.dp:
                 solve(lb, lay, pol)
     solved.sort(key=_rank_key)

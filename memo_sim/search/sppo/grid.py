@@ -39,3 +39,18 @@ def search_points(layout: Layout, seq: int, subseqs: int | None = None, partitio
     only, `efficient_subseqs`, and sweep-seq gave a plan-sppo.json's layout N=64 where the what-if had chosen 128)."""
     return [(n, part, mux) for n in ([subseqs] if subseqs else subseq_grid(seq, layout.tp)) for part in partitions
             for mux in multiplex if not mux or 1 < layout.pp <= MULTIPLEX_MAX_PP]
+
+
+def edge_subseqs(best_n: int, top_n: int | None, subseqs: int | None) -> int | None:
+    """The next N a search tries past its grid's edge: where the best fitting point has the largest N its layout was
+    tried at (``top_n``) and N is not fixed (``subseqs``), twice that N (half the tokens per device, below
+    `MIN_TOKENS_PER_DEVICE`), up to `MAX_SUBSEQS`; else None. The what-if's branch and bound
+    (`memo_sim.search.sppo.exhaustive.exhaustive_search`) and one fixed layout's best
+    (`memo_sim.search.sppo.solve.resolve_for_layout`) extend so, for as long as the best moves to the new edge (a
+    review: llama-3.1-70b on 64 H100s at 128K, tp4+sp pp4: N=32 at the edge was called the best, N=64 faster on both
+    tiers). A search where nothing fits does not extend (more subsequences shrink only the transients, not the
+    model states or the K/V cache that decide such a stage)."""
+    if subseqs is not None or best_n != top_n or 2 * best_n > MAX_SUBSEQS:
+        return None
+    return 2 * best_n
+

@@ -20,11 +20,10 @@ from memo_sim.policy.sppo import Sppo
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.sppo.alphas import overlap_threshold, solve_alphas
 from memo_sim.search.sppo.estimate import _active, estimate_sppo
-from memo_sim.search.sppo.grid import search_points
+from memo_sim.search.sppo.grid import edge_subseqs, search_points
 from memo_sim.search.sppo.points import (
     BOUND_QUANTUM,
     BOUND_SLACK,
-    MAX_SUBSEQS,
     SppoPoint,
     _rank_key,
 )
@@ -155,12 +154,14 @@ def resolve_for_layout(model: ModelConfig, layout: Layout, batch: int, seq: int,
                 best = pt
 
     solve_all(points, True)
-    # the grid's edge, as the what-if's branch and bound extends it (`exhaustive_search`): while the best fitting
-    # point has the largest N tried, the next N's points are solved too
+    # past the grid's edge while the best fitting point sits on it (`edge_subseqs`), as the what-if's branch and
+    # bound extends it
     top = max((n for n, _p, _m in points), default=0)
-    while subseqs is None and best is not None and best.status == "OK" and best.policy.subseqs == top \
-            and 2 * top <= MAX_SUBSEQS:
-        top *= 2
+    while best is not None and best.status == "OK":
+        n = edge_subseqs(best.policy.subseqs, top, subseqs)
+        if n is None:
+            break
+        top = n
         solve_all(search_points(layout, seq, top, multiplex=muxes), False)
     if best is None:
         raise MemoError(f"sppo: {seq} tokens do not split into subsequences for {layout.label()}")
