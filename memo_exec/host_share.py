@@ -43,9 +43,11 @@ class CpuShare:
         return {**{k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(self).items()},
                 "other_cores": round(self.other_cores, 3), "steal_cores": round(self.steal_cores, 3)}
 
-    def line(self) -> str:
-        return (f"other processes used {self.other_cores:.2f} of {self.cores} cores on average over "
-                f"{self.wall_s:.0f} s (steal {self.steal_cores:.2f})")
+    def line(self, window: str = "") -> str:
+        """The share in words; ``window``: what the meter covered, named before its seconds."""
+        span = (f"{window} ({self.wall_s:.0f} s; steal {self.steal_cores:.2f})" if window
+                else f"{self.wall_s:.0f} s (steal {self.steal_cores:.2f})")
+        return f"other processes used {self.other_cores:.2f} of {self.cores} cores on average over {span}"
 
 
 def _stat() -> tuple[float, float] | None:
@@ -157,9 +159,7 @@ def run_share_section(share: CpuShare | None, device_kind: str | None, ranks: in
     if share is None:
         return ""
     how = f"; {ranks} ranks: rank 0's machine time less every rank's own" if ranks > 1 else ""
-    text = (f"\n## The machine during the run\n\n- other processes used {share.other_cores:.2f} of {share.cores} cores "
-            f"on average over {RUN_SHARE_WINDOW} ({share.wall_s:.0f} s; steal {share.steal_cores:.2f}) "
-            f"(`memo_exec.host_share`{how})")
+    text = f"\n## The machine during the run\n\n- {share.line(RUN_SHARE_WINDOW)} (`memo_exec.host_share`{how})"
     if device_kind == "cpu" and share.other_cores > IDLE_OTHER_CORES:
         text += (f"\n- **the measured times are the shared machine's**: other processes took "
                  f"{share.other_cores:.2f} cores on average (more than {IDLE_OTHER_CORES}), so a CPU run's steps "
