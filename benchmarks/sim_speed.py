@@ -56,13 +56,15 @@ TARGET_10K_S, TARGET_ANALYTIC, TARGET_SIM_7B_S = 60.0, 2000.0, 0.8
 
 
 def cold() -> None:
-    """Empty the analytic tier's caches (memoised costs, traces, allocator replays)."""
-    from memo_sim.memplan import baseline, footprint, trace_gen
-
+    """Empty the analytic tier's caches (memoised costs, traces, allocator replays): `memoised`'s and every
+    module-level `functools.lru_cache` of a loaded memo_sim module, found by walking them (a list of names rotted
+    when a cached function was renamed)."""
     clear_caches()
-    for f in (baseline._report, footprint._transient_peak, trace_gen._layer_forward_trace,
-              trace_gen._layer_backward_trace):
-        f.cache_clear()
+    for name, module in list(sys.modules.items()):
+        if name == "memo_sim" or name.startswith("memo_sim."):
+            for obj in list(vars(module).values()):
+                if callable(getattr(obj, "cache_clear", None)) and getattr(obj, "__module__", None) == name:
+                    obj.cache_clear()
 
 
 def sweep(policies: tuple[str, ...] | None) -> tuple[list, float, float]:

@@ -65,9 +65,10 @@ def test_memplan_of_a_csv_prints_its_offsets_in_every_format(tmp_path, fmt):
     r = CliRunner().invoke(cli, ["memplan", "--csv", str(problem), "--json"])
     assert r.exit_code == 0, r.output
     offsets = json.loads(r.stdout)["offsets"]
+    sizes = {"a": 4096, "b": 8192, "c": 4096}
+    assert json.loads(r.stdout)["sizes"] == sizes  # --json too: each buffer's size beside its offset (a review)
     r = CliRunner().invoke(cli, ["memplan", "--csv", str(problem), "--format", fmt])
     assert r.exit_code == 0, r.output
-    sizes = {"a": 4096, "b": 8192, "c": 4096}
     if fmt == "csv":
         rows = _csv_rows(r.stdout)
         i = rows.index(["tensor", "offset (bytes)", "size (bytes)"])
