@@ -36,4 +36,5 @@ def git_state(repo: Path) -> str:
                                timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return head + (f" with {len(dirty.splitlines())} files changed or new in the working tree" if dirty else "")
+    n = len(dirty.splitlines())
+    return head + (f" with {n} file{'s' if n != 1 else ''} changed or new in the working tree" if dirty else "")

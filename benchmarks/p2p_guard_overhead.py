@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -93,6 +94,9 @@ def _ranks(rank: int, world: int, reps: int) -> dict:
 
 
 def main() -> None:
+    repo = str(Path(__file__).resolve().parents[1])
+    if repo not in sys.path:  # run by path (`python benchmarks/p2p_guard_overhead.py`) as well as with -m
+        sys.path.insert(0, repo)
     from benchmarks.machine import git_state, uptime
     from tests.dist_harness import spawn
 

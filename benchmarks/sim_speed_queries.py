@@ -181,7 +181,7 @@ def report_lines(res: dict) -> list[str]:
     lines = [PART4, "",
              "Each row: `python -m memo_sim.cli whatif FLAGS --json --no-plan` as a child process; wall seconds, "
              "the child's CPU seconds (user + sys: what the query costs whatever the load) and the load average "
-             "(1, 5, 15 min) before and after. Tier 2 runs in every core's process (2 here).", "",
+             f"(1, 5, 15 min) before and after. Tier 2 runs in every core's process ({os.cpu_count()} here).", "",
              "| query | wall (s) | CPU (s) | target | tier 2: simulated / skipped by bound / fitting | best | load before "
              "-> after |", "|---|---|---|---|---|---|---|"]
     for r in res["queries"]:
