@@ -82,10 +82,25 @@ def check_output_file(path: str | os.PathLike, field: str, fix: str = "") -> Pat
     if not folder.is_dir():
         raise MemoError(f"{field} {path}: cannot write there ({folder} is a file, not a folder); choose a path you "
                         f"can write{fix}")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if not os.access(folder, os.W_OK | os.X_OK) or not _root_can_create_in(folder):
         raise MemoError(f"{field} {path}: cannot write there ({folder} is read-only or not ours to write in); "
                         f"choose a path you can write{fix}")
     return target
+
+
+def _root_can_create_in(folder: Path) -> bool:
+    """``os.access`` answers yes to root for any folder, /proc and /sys included, where no file can be made (a review:
+    `memo-exec trace --out /proc/nope/x.json` failed after recording its trace). As root, create and remove one
+    empty file there to find out; otherwise `os.access` already answered."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return True
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".memo-write-probe-")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
 
 
 def check_output_folder(out: str | os.PathLike, field: str) -> None:

@@ -212,7 +212,7 @@ def test_progress_help_names_json_only_where_the_command_has_it():
     export = " ".join(CliRunner().invoke(sim_cli, ["export", "-h"]).output.split())
     assert "(default: on a terminal)." in export and "unless --json" not in export
     whatif = " ".join(CliRunner().invoke(sim_cli, ["whatif", "-h"]).output.split())
-    assert "(default: on a terminal, unless --json)." in whatif
+    assert "(default: on a terminal, unless --json or --format json, csv or md)." in whatif
 
 
 # ------------------------------------------------------------------ 7. --train-tokens on a small job

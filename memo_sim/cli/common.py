@@ -76,6 +76,9 @@ def precision_option(ctx, param, value):
     return out
 
 
+POSITIVE = click.IntRange(min=1)  # a model flag's count or width: one at least, refused in one line naming it
+
+
 def model_options(f):
     f = click.option("--precision", callback=precision_option, metavar="RECIPE[,FORMAT]",
                      help="Model-state recipe (" + ", ".join(RECIPES) + "; default: the framework's, else megatron "
@@ -87,16 +90,16 @@ def model_options(f):
                           "DeepSeek-V3's 1; 0 plans the model without them).")(f)
     f = click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]),
                      help="Override the model dtype (fp32 for plans run on a CPU profile).")(f)
-    f = click.option("--vocab", type=int, help="Override the vocabulary size.")(f)
-    f = click.option("--ffn", type=int, help="Override the FFN width.")(f)
-    f = click.option("--head-dim", type=int, help="Override the query/key head size (0: hidden / heads; a preset's "
+    f = click.option("--vocab", type=POSITIVE, help="Override the vocabulary size.")(f)
+    f = click.option("--ffn", type=POSITIVE, help="Override the FFN width.")(f)
+    f = click.option("--head-dim", type=click.IntRange(min=0), help="Override the query/key head size (0: hidden / heads; a preset's "
                                                   "own, e.g. Qwen3's 128, is kept otherwise).")(f)
-    f = click.option("--kv-heads", type=int, help="Override the K/V heads (grouped-query attention; they divide the "
+    f = click.option("--kv-heads", type=POSITIVE, help="Override the K/V heads (grouped-query attention; they divide the "
                                                   "query heads).")(f)
-    f = click.option("--heads", type=int, help="Override the attention heads.")(f)
-    f = click.option("--hidden", type=int, help="Override the hidden size (the dense FFN keeps its ratio to it "
+    f = click.option("--heads", type=POSITIVE, help="Override the attention heads.")(f)
+    f = click.option("--hidden", type=POSITIVE, help="Override the hidden size (the dense FFN keeps its ratio to it "
                                                 "unless --ffn is given; the experts' widths always do).")(f)
-    f = click.option("--layers", type=int, help="Override the number of layers (e.g. a 4-layer toy model).")(f)
+    f = click.option("--layers", type=POSITIVE, help="Override the number of layers (e.g. a 4-layer toy model).")(f)
     f = click.option("--model", "model_name", default="gpt-7b", show_default=True,
                      help="Preset name (memo-sim models) or a model .yaml/.json file.")(f)
     return f
@@ -105,7 +108,7 @@ def model_options(f):
 DEFAULT_PROFILE = "a800-80gb"  # the hardware profile a command assumes when --profile is not given
 
 
-def profile_option(help: str = "Hardware profile."):
+def profile_option(help: str = "Hardware profile: a name (memo-sim profiles) or a profile .yaml file."):
     """The ``--profile`` option (a profile name or file), `DEFAULT_PROFILE` unless given."""
     return click.option("--profile", "profile_name", default=DEFAULT_PROFILE, show_default=True, help=help)
 
@@ -187,9 +190,22 @@ def status_line(label: str, quiet: bool = False, force: bool | None = None):
     return cm()
 
 
+def _alloc_conf_value(_ctx, _param, value):
+    """--alloc-conf read at once (the text kept: the search merges it with the framework's), a bad one refused in one
+    line naming the option, not the plan field ``alloc_conf`` the parser's words name (a review)."""
+    if value:
+        from memo_sim.layout.alloc_conf import parse_alloc_conf  # noqa: PLC0415
+
+        try:
+            parse_alloc_conf(value)
+        except MemoError as e:
+            raise MemoError("--alloc-conf: " + str(e).removeprefix("alloc_conf: ")) from None
+    return value
+
+
 def alloc_conf_option(f):
     return click.option(
-        "--alloc-conf", default=None, metavar="TEXT",
+        "--alloc-conf", default=None, metavar="TEXT", callback=_alloc_conf_value,
         help="PyTorch caching allocator settings as PYTORCH_CUDA_ALLOC_CONF writes them (expandable_segments, "
              "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold with "
              "per_process_memory_fraction), over the framework's; priced for the plans without a memory plan.")(f)
@@ -202,7 +218,8 @@ class _ProgressOption(click.Option):
 
     def get_help_record(self, ctx):
         has_json = any("--json" in p.opts for p in ctx.command.params)
-        self.help = f"Show progress on stderr (default: on a terminal{', unless --json' if has_json else ''})."
+        self.help = (f"Show progress on stderr (default: on a terminal"
+                     f"{', unless --json or --format json, csv or md' if has_json else ''}).")
         return super().get_help_record(ctx)
 
 
@@ -279,8 +296,9 @@ def layout_degree_options(f):
         click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off."),
         click.option("--tp-mode", default=None, type=click.Choice(list(TP_MODES) + ["all"]),
                      help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and "
-                          "the two-level MHA (metp), or all of them ranked together (default: all; megatron when "
-                          "--tp is given, so --tp 8 asks about Megatron TP8)."),
+                          "the two-level MHA (metp), async TP (async_tp: Megatron TP+SP with its collectives overlapped "
+                          "with the GEMMs, under a framework that runs it: torchtitan, compiled), or all of them ranked together "
+                          "(default: all; megatron when --tp is given, so --tp 8 asks about Megatron TP8)."),
     )):
         f = deco(f)
     return f

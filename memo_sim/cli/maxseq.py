@@ -29,7 +29,7 @@ from memo_sim.units import fmt_count
 @click.option("--framework", default="any", show_default=True, type=click.Choice(list(FRAMEWORKS)),
               help="Only layouts and policies this framework offers.")
 @click.option("--step", default="128K", callback=count_option, show_default=True,
-              help="Granularity of the answer, in tokens.")
+              help="Granularity of the answer, in tokens (32768, 32K, 1M).")
 @click.option("--allocator", default="caching", show_default=True, type=click.Choice(["caching", "plan", "both"]),
               help="Who places the transients of the policies without MEMO's plan: PyTorch's caching allocator "
                    "(as the frameworks run; reserved memory decides), a static memory plan, or both side by side.")

@@ -19,22 +19,29 @@ MEMO_ALPHA = 0.5  # the memo policy's alpha where --alpha is not given
 @model_options
 @click.option("--csv", "csv_file", type=click.Path(dir_okay=False), help="Plan an id,lower,upper,size CSV instead.")
 @click.option("--trace", "trace_file", type=click.Path(dir_okay=False), help="Plan a memo-trace JSON instead.")
-@click.option("--seq", default="256K", callback=count_option, show_default=True, help="Sequence length.")
+@click.option("--seq", default="256K", callback=count_option, show_default=True,
+              help="Sequence length in tokens (32768, 32K, 1M, 1.5M).")
 @click.option("--batch", default=1, show_default=True, type=BATCH, help="Sequences per replica.")
-@click.option("--tp", type=DEGREE, default=8, show_default=True)
-@click.option("--cp", type=DEGREE, default=1, show_default=True)
-@click.option("--ulysses", type=DEGREE, default=1, show_default=True)
-@click.option("--sp/--no-sp", default=True, show_default=True)
+@click.option("--tp", type=DEGREE, default=8, show_default=True, help="Tensor-parallel degree of the layout planned.")
+@click.option("--cp", type=DEGREE, default=1, show_default=True, help="Ring context-parallel degree.")
+@click.option("--ulysses", type=DEGREE, default=1, show_default=True, help="Ulysses sequence-parallel degree.")
+@click.option("--sp/--no-sp", default=True, show_default=True, help="Megatron sequence parallelism on or off.")
 @click.option("--tp-mode", default="megatron", show_default=True, type=click.Choice(["megatron", "metp_ffn", "metp"]),
               help="Tensor-parallel flavour (METP's level-1 traces hold its ring's blocks and double buffers).")
-@click.option("--policy", default="memo", show_default=True, type=click.Choice(policy_names()))
+@click.option("--policy", default="memo", show_default=True, type=click.Choice(policy_names()),
+              help="Activation policy whose tensors are planned.")
 @click.option("--alpha", type=click.FloatRange(0, 1),
               help=f"MEMO's offloaded fraction (--policy memo; default {MEMO_ALPHA}); other policies take none.")
-@profile_option("Profile whose GPU capacity the caching-allocator baseline uses.")
+@profile_option("Hardware profile (a name or a .yaml file) whose usable GPU memory the plan and the caching "
+                "allocator's replay are held against. A --csv/--trace plan uses it only where --profile is given; "
+                "without it the replay runs on a device large enough for the plan (no capacity, no out-of-memory).")
 @click.option("--time-limit", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
               help="Seconds per DSA solve.")
 @click.option("--solver", default="auto", show_default=True,
-              type=click.Choice(["auto", "search", "mip-highs", "mip-cbc", "greedy"]))
+              type=click.Choice(["auto", "search", "mip-highs", "mip-cbc", "greedy"]),
+              help="DSA solver: greedy (best of several orderings), search (greedy, then branch and bound toward the "
+                   "lower bound), mip-highs / mip-cbc (greedy, then MEMO's MIP on HiGHS or CBC), auto (greedy; the "
+                   "search where greedy misses the lower bound, the MIP on small problems).")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Also draw the layout (address over time) as PNG here.")
 @progress_option
@@ -170,7 +177,7 @@ def _plan_model(model, profile, seq, batch, tp, cp, ulysses, sp, tp_mode, policy
     pol = asked_policy(policy, model, lay, alpha, MEMO_ALPHA)  # what the what-if and the simulator refuse, refused
     why = check_layout(lay, model, lay.gpus, profile.node_gpus, seq, batch)
     if why:
-        raise MemoError(f"layout {lay.label()}: {why}")
+        raise MemoError(f"layout {lay.label()}: {why}; choose --tp / --cp / --ulysses that fit the model")
     say(f"bi-level plan of {model.name} {lay.label()} {pol.label()} (time limit {time_limit:g} s per solve)")
     plan = plan_memory(model, lay, batch, seq, pol, time_limit_s=time_limit, solver=solver)
     say("replaying the caching allocator on one layer")  # the baseline: one layer's forward + backward requests

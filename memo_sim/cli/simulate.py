@@ -353,7 +353,7 @@ def _framework_policies(plan) -> tuple[str, ...]:
 @click.command("sweep-seq")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
-@click.option("--seqs", default="64K,128K,256K,512K,1M", show_default=True, help="Comma-separated sequence lengths.")
+@click.option("--seqs", default="64K,128K,256K,512K,1M", show_default=True, help="Comma-separated sequence lengths in tokens (32768, 32K, 1M).")
 @click.option("--profile", "profile_override", default=None, help="Hardware profile (default: the plan's).")
 @click.option("--tp-mode", "tp_modes", default=None,
               help="Comma-separated tensor-parallel flavours the plan's framework runs (memo's own: megatron, "
@@ -425,7 +425,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
         shape = f"{len(runs)} runs ({shape}, less the ones left out below)"
     refuse_unwritable_out(out_dir, "memo-sim sweep-seq")
     schedule = None if plan.schedule == "sppo" else plan.schedule
-    with progress_bar("sequence sweep", len(runs), quiet=fmt == "json", force=progress) as step:
+    with progress_bar("sequence sweep", len(runs), quiet=fmt != "table", force=progress) as step:
         results = in_order([partial(policy_run, plan.model, lay, plan.batch, s, p, profile, schedule, plan.micro_batch)
                             for s, lay, p in runs], jobs, step)
     with output_folder(out_dir, "memo-sim sweep-seq") as outf:
@@ -510,7 +510,7 @@ def _sweep_tp_modes(plan, profile, layouts, lens, pols, best_policy, outf, resul
         series = [(label, lay, runs_on(lay)) for label, lay in layouts.items()]
     else:
         series = [(f"{label} {p}", lay, (p,)) for p in pols for label, lay in layouts.items() if p in runs_on(lay)]
-    with progress_bar("tensor-parallel modes", len(series) * len(lens), quiet=fmt == "json", force=progress) as step:
+    with progress_bar("tensor-parallel modes", len(series) * len(lens), quiet=fmt != "table", force=progress) as step:
         points = sweep_series(plan.model, series, lens, profile, batch=plan.batch, jobs=jobs,
                               progress=lambda done, total: step())
     labels = list(dict.fromkeys(pt.label for pt in points))

@@ -136,7 +136,7 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--multiplex/--no-multiplex", default=None,
               help="SPPO: fix multiplexed sequence partitioning on or off (default: the search tries both).")
 @click.option("--top", default=15, show_default=True, type=click.IntRange(min=1), help="Rows to print.")
-@click.option("--json", "as_json", is_flag=True, help="Print the ranked candidates as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the answer as JSON (same as --format json).")
 @click.option("--all-candidates", is_flag=True,
               help="JSON: list every candidate in full (default: beyond 2,000 rows every fitting one and the closest "
                    "others, the rest counted in candidates_left_out).")
@@ -163,7 +163,7 @@ def _simulate_top_value(ctx, param, value):
               help="Print every table: the two tiers apart, METP against Megatron TP+SP, the SPPO planner's.")
 @click.option("--format", "out_format", default="table", show_default=True,
               type=click.Choice(["table", "json", "csv", "md"]),
-              help="Output format: aligned text, JSON (same as --json), CSV or Markdown.")
+              help="Output format: aligned text (table), JSON, CSV or Markdown (md).")
 def whatif(**options):
     """Rank layouts x policies x alpha for a model, sequence length and cluster; write plan.json.
 
@@ -333,8 +333,10 @@ class Show:
 
     @property
     def quiet(self) -> bool:
-        """No progress bar: --json without --progress, or --no-progress (a bar only for runs over a second)."""
-        return self.as_json if self.progress is None else not self.progress
+        """No progress bar: a machine format (--json, --format csv or md) without --progress, or --no-progress (a
+        bar only for runs over a second); the rule every command's progress follows."""
+        machine = self.as_json or self.out_format != "table"
+        return machine if self.progress is None else not self.progress
 
 
 def _fixes(ans, shown: list) -> list[str]:

@@ -22,6 +22,7 @@ from memo_sim.layout.alloc_conf import merged_alloc_conf, parse_alloc_conf
 from memo_sim.layout.moe_balance import parse_balance
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import modules_words
+from memo_sim.units import fmt_bytes
 from memo_sim.model.precision import RECIPES, default_recipe
 from memo_sim.units import fmt_time
 from memo_sim.layout.schedule import default_schedule
@@ -95,7 +96,7 @@ def instead_lines(i: dict, framework: str) -> list[str]:
             f"{i['does_not_fit']}")
     out = [f"{plan}; written instead: the best plan "
            f"memo predicts {framework}{version} runs, {i['label']}: {fmt_time(i['iteration_s'])}/iteration, "
-           f"peak {i['peak_gpu_bytes'] / 2**30:.2f} GiB ({i['source']})."]
+           f"peak {fmt_bytes(i['peak_gpu_bytes'])} ({i['source']})."]
     if i.get("gemm_format_dropped"):
         why = ("the export writes its converters only on a model it ships" if i.get("gemm_format_written") is False
                else "it does not offer it")
@@ -170,7 +171,7 @@ def price_line(n: dict) -> str:
     text = f"memo predicts the nearest plan ({n['label']}): {fmt_time(n['iteration_s'])}/iteration"
     if planned:
         text += f" against {fmt_time(planned)} for the plan ({100 * (n['iteration_s'] / planned - 1):+.1f}%)"
-    return text + f", peak {n['peak_gpu_bytes'] / 2**30:.2f} GiB (simulated, profile {n.get('profile', '?')})" + own
+    return text + f", peak {fmt_bytes(n['peak_gpu_bytes'])} (simulated, profile {n.get('profile', '?')})" + own
 
 
 def nearest_plan(plan: Plan, gaps: list[Gap]) -> tuple[Layout, Policy, str]:

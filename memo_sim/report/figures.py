@@ -142,7 +142,9 @@ def _device_panels(timeline: Timeline, device: int, layers: tuple[int, int]):
     gather, phase weight_gather_bwd, belongs to the backward panel, never stretches the forward one)."""
     events = [e for e in timeline.events if e.device == device]
     if not events:
-        raise MemoError(f"timeline has no events on device {device}")
+        have = sorted({e.device for e in timeline.events})
+        raise MemoError(f"--device {device}: the timeline has no events on that device; it has devices "
+                        f"{', '.join(map(str, have)) or 'none'}")
     windows = [(name, w) for name, w in (("forward", _window(events, layers, FWD_PHASES)),
                                          ("backward", _window(events, layers, BWD_PHASES))) if w]
     if not windows:

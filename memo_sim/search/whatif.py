@@ -239,7 +239,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError("--gpus must be at least 1")
     experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance)
     if not model.moe and ((ep or 1) > 1 or (etp or 1) > 1):
-        raise MemoError(f"--ep / --etp spread experts: model {model.name} has none (dense)")
+        raise MemoError(f"--ep / --etp spread experts: model {model.name} has none (dense); drop them, or choose a "
+                        f"model with experts (memo-sim models lists them)")
     _fixed_degrees_why_not(model, gpus, tp=tp, cp=cp, ulysses=ulysses, dp=dp, pp=pp, vpp=vpp, ep=ep, etp=etp,
                            chunks=chunk_layers)
     if not model.moe and (moe_dispatcher != "alltoall" or moe_balance != "dropless"):

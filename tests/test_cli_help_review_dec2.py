@@ -1,0 +1,85 @@
+"""A review of memo-sim's command-line help and refusals (2026-12-02): each option's words against what it does,
+and refusals that named a plan field or nothing where the user typed an option."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.cli import cli
+from memo_sim.cli.whatif import Show
+from memo_sim.errors import MemoError
+from memo_sim.fileio import check_output_file
+
+TOY = ["--layers", "2", "--hidden", "128", "--heads", "4", "--vocab", "256", "--seq", "1K", "--gpus", "1"]
+
+
+def _one_line(r, *words):
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error:") and r.output.count("\n") == 1 and "Traceback" not in r.output, r.output
+    for w in words:
+        assert w in r.output, r.output
+
+
+def test_memplan_help_says_a_file_plan_uses_the_profile_only_where_given():
+    """The help said `[default: a800-80gb]` of a --csv plan, which without --profile replays on a device large
+    enough for the plan (five 20 GiB buffers live at once: no out-of-memory) and with it says it does not fit."""
+    text = CliRunner().invoke(cli, ["memplan", "-h"]).output
+    flat = " ".join(text.split())
+    assert "only where --profile is given" in flat
+    for words in ("Tensor-parallel degree of the layout planned", "Ring context-parallel degree",
+                  "Ulysses sequence-parallel degree", "Activation policy whose tensors are planned",
+                  "DSA solver: greedy", "Sequence length in tokens (32768, 32K"):  # each option says what it is
+        assert words in flat, words
+
+
+def test_memplan_layout_refusal_names_the_options():
+    r = CliRunner().invoke(cli, ["memplan", "--layers", "2", "--hidden", "128", "--heads", "4", "--vocab", "256"])
+    _one_line(r, "--tp", "heads (4)")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--alloc-conf", "bogus:1"], ("--alloc-conf:", "unknown key 'bogus'")),
+    (["--layers", "-2"], ("'--layers'",)),
+    (["--hidden", "0"], ("'--hidden'",)),
+])
+def test_model_and_allocator_flags_are_refused_naming_the_option(args, words):
+    r = CliRunner().invoke(cli, ["whatif", *TOY, "--no-plan", *args])
+    _one_line(r, *words)
+    assert "alloc_conf:" not in r.output and "model flags" not in r.output
+
+
+def test_ep_on_a_dense_model_says_the_fix():
+    r = CliRunner().invoke(cli, ["whatif", *TOY, "--no-plan", "--ep", "2"])
+    _one_line(r, "--ep / --etp", "drop them")
+
+
+@pytest.mark.parametrize("fmt, quiet", [("table", False), ("csv", True), ("md", True), ("json", True)])
+def test_whatif_progress_is_off_under_every_machine_format(fmt, quiet):
+    """whatif kept its bar under --format csv / md while maxseq and memplan dropped it: one rule now."""
+    show = Show.from_options({"top": 5, "as_json": False, "out_dir": ".", "no_plan": True, "sweep_alpha": False,
+                              "progress": None, "out_format": fmt})
+    assert show.quiet is quiet
+    forced = Show.from_options({"top": 5, "as_json": False, "out_dir": ".", "no_plan": True, "sweep_alpha": False,
+                                "progress": True, "out_format": fmt})
+    assert forced.quiet is False
+
+
+def test_whatif_format_help_matches_the_other_commands():
+    text = " ".join(CliRunner().invoke(cli, ["whatif", "-h"]).output.split())
+    assert "Print the answer as JSON (same as --format json)" in text
+    assert "aligned text (table), JSON, CSV or Markdown (md)" in text
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid"), reason="POSIX only")
+def test_an_output_under_proc_is_refused_before_the_work_even_as_root(monkeypatch, tmp_path):
+    """os.access answers yes to root for /proc, where no file can be made: the check now creates (and removes) one
+    empty file there when it runs as root."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    if os.path.isdir("/proc"):
+        with pytest.raises(MemoError, match="--report /proc/nope/x.md: cannot write there"):
+            check_output_file("/proc/nope/x.md", "--report")
+    assert check_output_file(tmp_path / "a" / "x.md", "--report") == tmp_path / "a" / "x.md"
+    assert list(tmp_path.iterdir()) == []  # the probe left nothing behind
