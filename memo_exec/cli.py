@@ -1,11 +1,11 @@
 """``memo-exec``: run a plan.json on a device and report measured vs predicted; record a layer trace.
 
-    memo-exec run plan.json [--device cuda|cpu] [--steps N] [--out DIR] [--layers N] [--nproc N]
+    memo-exec run plan.json [--device auto|cpu|cuda|cuda:N] [--steps N] [--out DIR] [--layers N] [--nproc N]
                             [--attention-backend auto|flash_attn|sdpa_flash|sdpa_efficient|sdpa_cudnn|math]
                             [--tokens FILE] [--dtype fp32|fp64|bf16] [--seed S] [--lr LR] [--no-memory-plan]
                             [--json] [--pg-timeout S] [--progress/--no-progress]
     torchrun --nproc-per-node N -m memo_exec run plan.json [same options]
-    memo-exec trace plan.json [--device cpu|cuda|meta] [--target cuda|cpu] [--out trace.json]
+    memo-exec trace plan.json [--device meta|auto|cpu|cuda|cuda:N] [--target cuda|cpu] [--out trace.json]
                               [--cuda-history FILE] [--write-plan PLAN_WITH_MEMORY_PLAN.json]
 
 User errors (unknown plan schema, a layout this executor does not run, a missing backend, a run
@@ -25,6 +25,10 @@ from memo_exec.errors import ExecError, user_errors
 from memo_exec.speed_probe import SPEED_DRIFT_LIMIT
 from memo_sim.errors import guarded, parsed_or_one_line, usage_line
 from memo_sim.plan.schema import ATTENTION_BACKENDS as BACKENDS  # the names only: memo_exec.attention imports torch
+
+# the --device spellings each command takes (`memo_exec.device.check_device_name`; N: a GPU index, 0, 1, ...)
+RUN_DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # run, validate (and calibrate: memo_exec.device.DEVICE_FORMS)
+TRACE_DEVICES = ("meta", "auto", "cpu", "cuda", "cuda:N")
 
 
 class _ExecGroup(click.Group):
@@ -73,26 +77,33 @@ def multi_device_words(plan, plan_file: str, device_kind: str = "cuda") -> str:
 
 @click.group(cls=_ExecGroup, help="Run a memo plan on real hardware and compare with the simulator's prediction.",
              context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="memo")  # as memo-sim's
 def cli() -> None:
     pass
 
 
-@cli.command("run", help="Train STEPS steps with the plan and write measured.json, trace.json, report.md. "
+@cli.command("run", help="Train the plan for --steps steps and write measured.json, trace.json and report.md "
+             "into --out. "
              "A multi-GPU plan runs one process per device: --nproc N on this machine, or under "
              "torchrun --nproc-per-node N -m memo_exec run plan.json (--device cpu: gloo).")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+@click.option("--device", default=None,
+              help="auto, cpu, cuda or cuda:N (N: a GPU index, 0, 1, ...); default auto: cuda if available, else cpu")
 @click.option("--steps", default=3, show_default=True, type=int, help="training steps (step 0 is a warm-up)")
-@click.option("--out", "out_dir", default="exec_out", show_default=True, type=click.Path(file_okay=False))
-@click.option("--layers", default=None, type=int, help="run only N layers of the plan's model")
+@click.option("--out", "out_dir", default="exec_out", show_default=True, type=click.Path(file_okay=False),
+              help="folder for measured.json, trace.json and report.md (written there when the run is done)")
+@click.option("--layers", default=None, type=int,
+              help="run the plan's model cut to N of its layers (at most its own count; not memo-sim's --layers, "
+                   "which sets the layer count of the model it plans); default all its layers")
 @click.option("--attention-backend", default=None, type=click.Choice(BACKENDS),
               help="override the plan's attention_backend")
 @click.option("--tokens", "tokens_file", default=None, type=click.Path(dir_okay=False),
               help=".npy or .bin (uint16) token ids; default synthetic")
 @click.option("--dtype", default=None, type=click.Choice(["bf16", "fp32", "fp64"]),
               help="compute dtype (default: the plan's model dtype on CUDA, fp32 on CPU; fp64 on CPU only)")
-@click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--lr", default=3e-4, show_default=True, type=float)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="random seed of the initial weights and the synthetic tokens")
+@click.option("--lr", default=3e-4, show_default=True, type=float, help="learning rate of the optimizer")
 @click.option("--no-memory-plan", is_flag=True, help="ignore plan.memory_plan (caching allocator only)")
 @click.option("--profile", "profile", default=None,
               help="predict with this hardware profile, a name or a .yaml/.json file (e.g. one memo-exec calibrate "
@@ -113,6 +124,10 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
     from memo_exec.runner import RunOptions, distributed_only, run_model, use_profile  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
+    if device is not None:  # a misspelled --device, one line before the plan is read (no CUDA needed)
+        from memo_exec.device import check_device_name  # noqa: PLC0415
+
+        check_device_name(device, RUN_DEVICES)
     if progress is None:
         progress = sys.stderr.isatty() and not as_json
     opts = RunOptions(device=device, steps=steps, layers=layers, attention_backend=attention_backend, dtype=dtype,
@@ -366,11 +381,15 @@ def _cores_of_one_process(res, share) -> None:
 
 @cli.command("trace", help="Record one layer's malloc/free sequence (memo-trace JSON).")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
-@click.option("--device", default="meta", show_default=True, help="meta (no memory), cpu, cuda or cuda:N")
-@click.option("--out", "out_file", default="layer_trace.json", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--device", default="meta", show_default=True,
+              help="meta (no memory: the layer's requests only), auto (cuda if available, else cpu), cpu, cuda or "
+                   "cuda:N (N: a GPU index, 0, 1, ...)")
+@click.option("--out", "out_file", default="layer_trace.json", show_default=True, type=click.Path(dir_okay=False),
+              help="the memo-trace JSON file to write (checked before anything is recorded)")
 @click.option("--dtype", default=None, type=click.Choice(["bf16", "fp32", "fp64"]),
               help="default: the plan's dtype on meta and CUDA, fp32 on CPU")
-@click.option("--attention-backend", default=None, type=click.Choice(BACKENDS))
+@click.option("--attention-backend", default=None, type=click.Choice(BACKENDS),
+              help="override the plan's attention_backend")
 @click.option("--target", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]),
               help="with --device meta: the device the plan will run on (what --attention-backend auto resolves to)")
 @click.option("--cuda-history", default=None, type=click.Path(dir_okay=False),
@@ -383,6 +402,10 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
     from memo_sim.plan.schema import write_plan as _write_plan  # noqa: PLC0415
 
+    if device != "meta":  # a misspelled --device, one line before the plan is read (no CUDA needed)
+        from memo_exec.device import check_device_name  # noqa: PLC0415
+
+        check_device_name(device, TRACE_DEVICES)
     plan = read_plan(plan_file)
     if plan.layout.kernel_fusion != "fused":  # the executor's layer runs uncompiled
         raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor's "
@@ -443,11 +466,16 @@ def _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan) ->
 @click.option("--model", "model_name", default=None,
               help="preset or model .yaml/.json; default a 4-layer toy (the last 2 layers of every policy stay on the "
                    "device, so the first 2 are offloaded or recomputed)")
-@click.option("--layers", type=click.IntRange(min=1), default=None)
-@click.option("--hidden", type=click.IntRange(min=1), default=None)  # 0 refused, not read as "the toy's"
-@click.option("--heads", type=click.IntRange(min=1), default=None)
-@click.option("--ffn", type=click.IntRange(min=1), default=None)
-@click.option("--vocab", type=click.IntRange(min=1), default=None)
+@click.option("--layers", type=click.IntRange(min=1), default=None,
+              help="the model's layer count, as memo-sim's --layers (default: --model's, 4 for the toy)")
+@click.option("--hidden", type=click.IntRange(min=1), default=None,  # 0 refused, not read as "the toy's"
+              help="the model's hidden size (default: --model's, 256 for the toy)")
+@click.option("--heads", type=click.IntRange(min=1), default=None,
+              help="the model's attention heads (default: --model's, 8 for the toy)")
+@click.option("--ffn", type=click.IntRange(min=1), default=None,
+              help="the model's feed-forward size (default: --model's, 1024 for the toy)")
+@click.option("--vocab", type=click.IntRange(min=1), default=None,
+              help="the model's vocabulary size (default: --model's, 1000 for the toy)")
 @click.option("--dtype", type=click.Choice(["bf16", "fp32"]), default=None,
               help="model dtype (default bf16 on CUDA, fp32 on CPU; no fp16: memo-exec has no loss scaling)")
 @click.option("--dp", type=click.IntRange(min=1), default=1, show_default=True,
@@ -464,15 +492,19 @@ def _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan) ->
 @click.option("--micro-batches", type=click.IntRange(min=1), default=1, show_default=True,
               help="micro-batches of one sequence per iteration (gradient accumulation; a pipeline's micro-batches)")
 @click.option("--seqs", default="1K,2K", show_default=True, help="comma-separated sequence lengths")
-@click.option("--policies", default="store_all,full_recompute,full_offload,memo", show_default=True)
+@click.option("--policies", default="store_all,full_recompute,full_offload,memo", show_default=True,
+              help="comma-separated activation policies to validate (an unknown name is refused with the list of "
+                   "names); one that takes alpha (memo) once per --alphas value")
 @click.option("--alphas", default="0.25,0.5,0.75", show_default=True,
-              help="MEMO alphas; 'sim' is the simulator's alpha at each length")
+              help="MEMO alphas, each in [0, 1] or 'sim' (the simulator's alpha at each length)")
 @click.option("--budget", "budget_s", default=None, type=click.FloatRange(min=1.0),
               help="seconds for all the runs; each gets a timeout from what is left (default: no limit)")
-@click.option("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
+@click.option("--device", default=None,
+              help="auto, cpu, cuda or cuda:N (N: a GPU index, 0, 1, ...); default auto: cuda if available, else cpu")
 @click.option("--steps", default=5, show_default=True, type=click.IntRange(1, 100),
               help="training steps per plan; step 0 is a warm-up, the others give the median")
-@click.option("--out", "out_dir", default="validation_out", show_default=True, type=click.Path(file_okay=False))
+@click.option("--out", "out_dir", default="validation_out", show_default=True, type=click.Path(file_okay=False),
+              help="folder for validation.json, validation.md, the plans (plans/) and each run's outputs (runs/)")
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
               help="markdown report path (default OUT/validation.md), e.g. reports/validation-h100.md")
 @click.option("--progress/--no-progress", default=None,
@@ -490,16 +522,19 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
                  speed_retries):
     import shlex
 
-    import torch
-
     from memo_exec.validate import check_outputs, comma_items, plan_set, summary_line, validate
     from memo_sim.layout.parallel import Layout
     from memo_sim.model.config import get_model, with_overrides
     from memo_sim.profile.loader import load_profile
     from memo_sim.units import parse_count
 
+    from memo_exec.device import check_device_name, resolve_device  # noqa: PLC0415
+
+    if device is not None:  # a bad --device, or cuda without one: one line before any plan is made or run
+        check_device_name(device, RUN_DEVICES)
+    spec = resolve_device(device)
+    dev = spec.kind if device in (None, "auto") else device
     profile = load_profile(profile_name)
-    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     from memo_exec.validate import TOY_MODEL  # noqa: PLC0415
 
     base = get_model(model_name) if model_name else TOY_MODEL
@@ -510,7 +545,17 @@ def validate_cmd(profile_name, model_name, layers, hidden, heads, ffn, vocab, dt
         alpha_list = [a if a == "sim" else float(a) for a in comma_items(alphas, "--alphas", "alpha", "0.25,0.5,sim")]
     except ValueError:
         raise click.BadParameter("expected comma-separated numbers or 'sim'", param_hint="--alphas") from None
+    bad = next((a for a in alpha_list if a != "sim" and not 0.0 <= a <= 1.0), None)  # nan too
+    if bad is not None:
+        raise click.BadParameter(f"{bad:g} is not in [0, 1]; give alphas in [0, 1] such as 0.25,0.5,0.75, or 'sim'",
+                                 param_hint="--alphas")
     pols = comma_items(policies, "--policies", "policy", "store_all,memo")
+    from memo_sim.policy import policy_names  # noqa: PLC0415
+
+    unknown = [p for p in pols if p not in policy_names()]
+    if unknown:
+        raise click.BadParameter(f"unknown policy {unknown[0]!r}; choose from {', '.join(policy_names())}",
+                                 param_hint="--policies")
     layout = Layout(dp=dp, ep=ep, tp=tp, sp=tp > 1, cp=cp, pp=pp)
     from memo_sim.layout.parallel import expert_why_not  # noqa: PLC0415
 

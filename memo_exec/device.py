@@ -7,6 +7,7 @@ it computes in fp32 (or fp64 for tests) so that gradients can be compared tightl
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,20 +42,44 @@ class DeviceSpec:
         return f"cpu ({os.cpu_count()} cores, torch {torch.__version__})"
 
 
+# the spellings of --device `resolve_device` takes (`memo-exec trace` adds meta); N: a GPU index, 0, 1, ...
+DEVICE_FORMS = ("auto", "cpu", "cuda", "cuda:N")
+_CUDA = re.compile(r"cuda(?::(0|[1-9][0-9]*))?")  # torch.device refuses "cuda:01"
+
+
+def device_forms_text(forms: tuple[str, ...] = DEVICE_FORMS) -> str:
+    """``forms`` as the words of a --device help or error ("auto, cpu, cuda or cuda:N (N: a GPU index ...)")."""
+    words = f"{', '.join(forms[:-1])} or {forms[-1]}" if len(forms) > 1 else forms[0]
+    return words + (" (N: a GPU index, 0, 1, ...)" if "cuda:N" in forms else "")
+
+
+def check_device_name(name: str, forms: tuple[str, ...] = DEVICE_FORMS) -> None:
+    """Refuse, in one line naming --device and listing ``forms``, a --device spelled as none of them (``cuda:abc``,
+    ``cudax``, ``cuda:-1``: no CUDA is needed to refuse them); where CUDA exists, a ``cuda:N`` beyond the visible
+    devices too. Whether CUDA exists for ``cuda`` is `resolve_device`'s to say."""
+    m = _CUDA.fullmatch(name)
+    if m and ("cuda:N" if m.group(1) else "cuda") in forms:
+        if m.group(1) and torch.cuda.is_available() and int(m.group(1)) >= torch.cuda.device_count():
+            n = torch.cuda.device_count()
+            raise ExecError(f"--device {name}: only {n} CUDA device(s) visible (cuda:0 to cuda:{n - 1}); give one of "
+                            f"those, or --device cuda")
+        return
+    if name in forms and name != "cuda:N":
+        return
+    raise ExecError(f"--device {name!r} is not a device this command takes; give {device_forms_text(forms)}")
+
+
 def resolve_device(name: str | None) -> DeviceSpec:
-    """``None``/``auto``: CUDA when available, else CPU. Asking for CUDA without one is an error."""
+    """``None``/``auto``: CUDA when available, else CPU. A spelling other than `DEVICE_FORMS` is an error
+    (`check_device_name`), and so is asking for CUDA without one."""
     if name in (None, "auto"):
         return DeviceSpec("cuda") if torch.cuda.is_available() else DeviceSpec("cpu")
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ExecError(f"--device {name}: no CUDA device is visible to torch {torch.__version__}; use --device cpu")
-        idx = int(name.split(":")[1]) if ":" in name else 0
-        if idx >= torch.cuda.device_count():
-            raise ExecError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s) visible")
-        return DeviceSpec("cuda", idx)
+    check_device_name(name)
     if name == "cpu":
         return DeviceSpec("cpu")
-    raise ExecError(f"--device must be cuda, cuda:N or cpu, got {name!r}")
+    if not torch.cuda.is_available():
+        raise ExecError(f"--device {name}: no CUDA device is visible to torch {torch.__version__}; use --device cpu")
+    return DeviceSpec("cuda", int(name.partition(":")[2] or 0))  # an index below the count: check_device_name
 
 
 def compute_dtype(model_dtype: str, device: DeviceSpec, override: str | None = None) -> torch.dtype:

@@ -1,4 +1,4 @@
-"""``memo-exec calibrate``: measure this machine and write ``hardware_profiles/NAME.yaml``.
+"""``memo-exec calibrate``: measure this machine and write ``OUT_DIR/NAME.yaml`` (default ``hardware_profiles/``).
 
     memo-exec calibrate --name NAME [--device auto|cuda|cuda:N|cpu] [--quick] [--out-dir DIR]
                         [--base PROFILE] [--peak-tflops T] [--attention-backend B] [--gpu-memory SIZE]
@@ -161,13 +161,14 @@ def _command_line(ctx: click.Context) -> str:
 
 @click.command("calibrate", cls=_OneLineErrors,
                help="Measure GEMM, attention, memory-bound ops, host copies, copy/compute overlap, memory, "
-                    "allocator calls and collectives on this machine and write hardware_profiles/NAME.yaml for "
-                    "memo-sim.")
+                    "allocator calls and collectives on this machine and write the profile OUT_DIR/NAME.yaml for "
+                    "memo-sim (--out-dir, default hardware_profiles).")
 @click.option("--name", required=True, help="profile name (the file is OUT_DIR/NAME.yaml)")
-@click.option("--device", default="auto", show_default=True, help="auto, cuda, cuda:N or cpu")
+@click.option("--device", default="auto", show_default=True,
+              help="auto (cuda if available, else cpu), cpu, cuda or cuda:N (N: a GPU index, 0, 1, ...)")
 @click.option("--quick", is_flag=True,
-              help="fewer sizes (under 1 minute on an H100; ~90 s on an idle 2-core CPU, longer on a busy one, "
-                   "plus the re-measured part when a fit is implausible)")
+              help="fewer sizes (~90 s measured on an idle 2-core CPU, longer on a busy one, plus the re-measured "
+                   "part when a fit is implausible; not yet timed on a GPU)")
 @click.option("--out-dir", default=DEFAULT_OUT, show_default=True, help="folder for NAME.yaml")
 @click.option("--base", default=None,
               help="profile for what this machine cannot measure (inter-node link, NVLink on one GPU, PCIe "

@@ -2,9 +2,10 @@
 
 `CalibrateOptions` says what to run; `run_suite` runs it and returns every raw measurement
 (JSON-serialisable) plus the fitted values that `memo_exec.calibrate.writer` puts in a profile.
-Sizes differ for CUDA and CPU and for ``quick`` runs (CUDA: under 5 minutes on one H100, quick
-under 1 minute; CPU quick: about 90 s on two cores, 90 s measured on an idle 2-core VM on 2026-11-27,
-its attention and ring CP blocks timed in three rounds and gloo's collectives between kernels).
+Sizes differ for CUDA and CPU and for ``quick`` runs (CPU quick: about 90 s on two cores, 90 s measured on an
+idle 2-core VM on 2026-11-27, its attention and ring CP blocks timed in three rounds and gloo's collectives between
+kernels; CPU full: over 400 s measured on the 2-core CPU; CUDA, quick or full: not yet timed on a GPU, as
+`memo_exec.calibrate.command.DURATION_QUICK` / ``DURATION_FULL`` say).
 `remeasure` runs the GEMM, attention or copy part again when `memo_exec.calibrate.sanity` finds
 its fit implausible.
 """
