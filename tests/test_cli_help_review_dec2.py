@@ -83,3 +83,17 @@ def test_an_output_under_proc_is_refused_before_the_work_even_as_root(monkeypatc
             check_output_file("/proc/nope/x.md", "--report")
     assert check_output_file(tmp_path / "a" / "x.md", "--report") == tmp_path / "a" / "x.md"
     assert list(tmp_path.iterdir()) == []  # the probe left nothing behind
+
+
+@pytest.mark.parametrize("cmd, key", [("models", "active_params"), ("profiles", "usable_gpu_memory_bytes")])
+def test_models_and_profiles_answer_in_every_format(cmd, key):
+    """`frameworks` had --json, `models` and `profiles` no machine format at all (a review): a script read a table."""
+    import json
+
+    table = CliRunner().invoke(cli, [cmd])
+    assert table.exit_code == 0, table.output
+    data = json.loads(CliRunner().invoke(cli, [cmd, "--json"]).stdout)
+    assert data and all("name" in row for row in data) and any(key in row for row in data)
+    assert {row["name"] for row in data} <= set(table.stdout.split())  # the same rows as the table
+    csv = CliRunner().invoke(cli, [cmd, "--format", "csv"]).stdout
+    assert csv.splitlines()[0].startswith("name,")

@@ -23,9 +23,10 @@ from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
 
 @click.command()
-def profiles():
+@format_options
+def profiles(out_format, as_json):
     """List the hardware profiles memo can find."""
-    rows = []
+    rows, data = [], []
     for name, path in sorted(list_profiles().items()):
         try:
             p = load_profile(name)  # by name, as --profile finds it: a file declaring another name is INVALID
@@ -34,12 +35,20 @@ def profiles():
             rows.append([name, p.gpu.model, fmt_bytes(p.gpu_memory), f"{p.peak() / 1e12:.0f}",
                          f"{float(fp8) / 1e12:.0f}" if fp8 is not None else "-", str(p.node_gpus),
                          fmt_bytes(float(p.host.memory_bytes)), _provenance_word(p), str(path)])
+            data.append({"name": name, "gpu": p.gpu.model, "gpu_memory_bytes": p.gpu_memory,
+                         "usable_gpu_memory_bytes": p.usable_gpu_memory, "bf16_flops": p.peak(),
+                         "fp8_flops": float(fp8) if fp8 is not None else None, "gpus_per_node": p.node_gpus,
+                         "host_memory_bytes_per_node": float(p.host.memory_bytes),
+                         "provenance": _provenance_word(p), "file": str(path)})
         except MemoError as e:
             rows.append([name, f"INVALID: {e}", "", "", "", "", "", "", str(path)])
-    click.echo(render_table(["name", "gpu", "memory", "bf16 TFLOP/s", "fp8 TFLOP/s", "gpus/node", "host/node",
-                             "provenance", "file"], rows))
-    click.echo("provenance: calibrated (measured by memo-exec calibrate), datasheet or fitted (numbers from "
-               "documents; kernel efficiency curves assumed or fitted): every answer on a profile prints its line.")
+            data.append({"name": name, "invalid": str(e), "file": str(path)})
+    answer = Answer()
+    answer.table(["name", "gpu", "memory", "bf16 TFLOP/s", "fp8 TFLOP/s", "gpus/node", "host/node", "provenance",
+                  "file"], rows)
+    answer.line("provenance: calibrated (measured by memo-exec calibrate), datasheet or fitted (numbers from "
+                "documents; kernel efficiency curves assumed or fitted): every answer on a profile prints its line.")
+    emit(answer, resolve_format(out_format, as_json), data)
 
 
 def _provenance_word(p) -> str:
@@ -50,7 +59,8 @@ def _provenance_word(p) -> str:
 
 
 @click.command()
-def models():
+@format_options
+def models(out_format, as_json):
     """List the model presets (a Hugging Face config.json of a dense decoder or of a mixture of experts of the
     families the README lists works too: --model PATH)."""
     rows = [[m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.n_kv_heads), str(m.ffn), m.ffn_type,
@@ -58,12 +68,19 @@ def models():
              f"{m.experts} top-{m.top_k}" if m.moe else "-", fmt_params(m.params()),
              fmt_params(m.active_params()) if m.moe else "-"]
             for m in PRESETS.values()]
-    click.echo(render_table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "norm", "bias",
-                             "tied", "vocab", "experts", "params", "active"], rows))
-    click.echo("tied: the classifier reuses the token embedding (counted once). experts: routed experts and how "
-               "many each token reaches; active: the parameters a token passes through (transformers' count: the "
-               "embedding included). llama-7b and llama-70b are the papers' shapes with GPT's norms, biases and tied "
-               "embeddings; llama-2-7b and llama-2-70b are the released models.")
+    data = [{"name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
+             "ffn": m.ffn, "ffn_type": m.ffn_type, "norm": m.norm, "bias": m.bias,
+             "tied_embeddings": m.tied_embeddings, "vocab": m.vocab, "experts": m.experts if m.moe else 0,
+             "top_k": m.top_k if m.moe else None, "params": m.params(),
+             "active_params": m.active_params() if m.moe else m.params()} for m in PRESETS.values()]
+    answer = Answer()
+    answer.table(["name", "layers", "hidden", "heads", "kv_heads", "ffn", "ffn_type", "norm", "bias", "tied",
+                  "vocab", "experts", "params", "active"], rows)
+    answer.line("tied: the classifier reuses the token embedding (counted once). experts: routed experts and how "
+                "many each token reaches; active: the parameters a token passes through (transformers' count: the "
+                "embedding included). llama-7b and llama-70b are the papers' shapes with GPT's norms, biases and tied "
+                "embeddings; llama-2-7b and llama-2-70b are the released models.")
+    emit(answer, resolve_format(out_format, as_json), data)
 
 
 @click.command()
