@@ -84,3 +84,28 @@ def test_every_json_row_carries_its_proved_bound_and_the_claim_checks_out():
     best = max(x["simulated_tgs_tokens_per_gpu_s"] for x in sim if x["simulated_status"] == "OK")
     assert all(x["simulated_tgs_tokens_per_gpu_s"] <= x["proved_bound_tgs_tokens_per_gpu_s"] * (1 + 1e-9) for x in sim)
     assert all(x["proved_bound_tgs_tokens_per_gpu_s"] < best for x in fit if x["tier"] != "simulated")
+
+
+def test_a_whole_whatif_answers_alike_with_one_job_and_two():
+    """The bound search before the pipelines (the floor) took SPPO's candidates with one job, where SPPO's search
+    runs in this process, and not with two, where it was still running in the child: the two runs simulated different
+    plans (GPT-7B, 8 A800s, 64K: 37 by the bound search and 29 for the verdicts against 36 and 30; a review,
+    2026-12-02). The floor leaves SPPO out in both, and the answers agree field for field."""
+    from memo_sim.model.config import get_model
+    from memo_sim.profile.loader import load_profile
+    from memo_sim.search.sppo_beside import FORKS
+    from memo_sim.search.whatif import rank
+
+    if not FORKS:
+        pytest.skip("SPPO's search runs beside the rest only where the platform forks")
+
+    def answer(jobs):
+        r = rank(get_model("gpt-7b"), 65536, 8, load_profile("a800-80gb"), jobs=jobs)
+        rows = [(c.layout.label(), c.policy.label(), c.schedule, c.micro_batch,
+                 None if c.simulated is None else (c.simulated["status"], c.simulated["iteration_s"]))
+                for c in r.candidates]
+        return r.tier2.to_dict(), rows
+
+    one, two = answer(1), answer(2)
+    assert one[0] == two[0]
+    assert one[1] == two[1]

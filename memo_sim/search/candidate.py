@@ -4,7 +4,7 @@ its simulated summary; and the words that say why a candidate stops where it doe
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable
 
@@ -37,6 +37,7 @@ class Candidate:
     schedule: str = "single_stage"  # how the iteration runs over stages and micro-batches (`memo_sim.layout.schedule`)
     micro_batch: int = 0  # sequences per micro-batch (0: the whole batch in one)
     pipeline: dict | None = None  # micro-batch pipelines: the analytic per-stage rows and the bubble
+    framework: str = "any"  # the framework its search was for (`memo_sim.search.request.answer_whatif` stamps it)
 
     def __post_init__(self) -> None:
         if not self.micro_batch:
@@ -187,8 +188,10 @@ class Candidate:
 
     def to_plan(self) -> Plan:
         """This candidate's plan.json, memory plan included: `memo_sim.search.plan_build.build_plan`,
-        the one function `memo-sim whatif` writes its plans by."""
-        return build_plan(self)
+        the one function `memo-sim whatif` writes its plans by, naming the framework its search was for (a review:
+        a --framework megatron answer's ``best.to_plan()`` named ``any``, where the command's plan names megatron)."""
+        plan = build_plan(self)
+        return plan if plan.framework == self.framework else replace(plan, framework=self.framework)
 
 
 @lru_cache(maxsize=1 << 16)

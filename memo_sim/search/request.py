@@ -236,6 +236,8 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
     check_gemm_format(req.model, req.profile)  # ... or for its GEMM format
     result = rank(req.model, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top, progress=progress,
                   allocator_lag=req.allocator_lag, jobs=req.jobs, while_waiting=while_waiting, **req.search_kwargs())
+    for c in result.candidates:  # the framework each plan names (`Candidate.to_plan`); memo's own best below: any
+        c.framework = req.framework
     if not comparisons:
         return WhatifAnswer(req, result, advice=[] if result.best is not None else
                             not_searched(req.gpus, req.searched_policies, req.framework, req.fixed()))

@@ -1131,7 +1131,10 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
     stage = getattr(progress, "stage", None) or (lambda _words: None)
     if mode == SIMULATE_BOUND:
         def floor(listed: list[Candidate]) -> float | None:
-            fit = [c for c in listed if c.memory.status == "OK"]
+            # SPPO's candidates left out: with --jobs > 1 its search is still running in the child here, so the
+            # floor would differ with the jobs (a review: --jobs 1 and 2 simulated different plans); the bound
+            # search after the pipelines takes them in either way
+            fit = [c for c in listed if c.memory.status == "OK" and c.sppo is None]
             what = f"bound search over the {len(fit)} fitting candidates priced before the pipelines"
             stage(f"{what}: proving each one's throughput bound, then simulating from the highest")
             found = simulate_by_bound(fit, lambda cands: simulate_candidates(
