@@ -122,6 +122,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
     from memo_exec.distributed.launch import in_torchrun  # noqa: PLC0415
     from memo_exec.plan_check import check_plan_contract  # noqa: PLC0415
     from memo_exec.runner import RunOptions, distributed_only, run_model, use_profile  # noqa: PLC0415
+    from memo_sim.plan.executor_scope import memory_plan_missing  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
     if device is not None:  # a misspelled --device, one line before the plan is read (no CUDA needed)
@@ -153,11 +154,8 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    mp = plan.memory_plan  # said once the run has run (an error stays the one line a refusal prints)
-    warn = (f"warning: {plan_file}: memory_plan is missing: the {plan.policy.label()} plan's scratch ran on the "
-            f"caching allocator, not the static memory plan the simulator priced; re-create the plan with memo-sim "
-            f"whatif, or pass --no-memory-plan" if getattr(plan.policy, "static_memory_plan", False)
-            and not no_memory_plan and (mp is None or not mp.phases) else None)
+    missing = None if no_memory_plan else memory_plan_missing(plan)  # check-plan's words, said once the run has run
+    warn = f"warning: {plan_file}: {missing}" if missing else None  # (an error stays the one line a refusal prints)
     use_profile(plan, profile)  # a profile that does not load stops here, before anything runs
     if profile is None:  # the plan's own, as check-plan loads it (a review: a plan check-plan refused ran here)
         _plan_profile_loads(plan, plan_file)

@@ -97,3 +97,39 @@ def test_models_and_profiles_answer_in_every_format(cmd, key):
     assert {row["name"] for row in data} <= set(table.stdout.split())  # the same rows as the table
     csv = CliRunner().invoke(cli, [cmd, "--format", "csv"]).stdout
     assert csv.splitlines()[0].startswith("name,")
+
+
+def test_check_plan_warns_of_a_memo_plan_without_its_memory_plan(tmp_path):
+    """A MEMO plan with ``memory_plan`` deleted: check-plan said nothing (and named its transients a static plan)
+    where memo-exec warned that it ran on the caching allocator; both say it now, in one set of words
+    (`memo_sim.plan.executor_scope.memory_plan_missing`)."""
+    import json
+
+    r = CliRunner().invoke(cli, ["whatif", *TOY, "--policy", "memo", "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((tmp_path / "p" / "plan.json").read_text())
+    plain = CliRunner().invoke(cli, ["check-plan", str(tmp_path / "p" / "plan.json")])
+    assert plain.exit_code == 0 and "memory_plan is missing" not in plain.output, plain.output
+    assert doc.pop("memory_plan") is not None
+    (tmp_path / "nomp.json").write_text(json.dumps(doc))
+    r = CliRunner().invoke(cli, ["check-plan", str(tmp_path / "nomp.json")])
+    assert r.exit_code == 0, r.output
+    assert "warning: memory_plan is missing: memo-exec runs the memo(" in r.output and "--no-memory-plan" in r.output
+    j = json.loads(CliRunner().invoke(cli, ["check-plan", str(tmp_path / "nomp.json"), "--json"]).stdout)
+    assert j["memory_plan_missing"].startswith("memory_plan is missing")
+
+
+def test_an_sppo_plan_reads_and_writes_back_byte_for_byte(tmp_path):
+    """SPPO plans wrote a layer's offload / prefetch time as the integer 0 where no piece copies, which a read and
+    write gave back as 0.0: the one plan kind whose round trip was not byte-identical (a review, 2026-12-02)."""
+    from memo_sim.plan.schema import read_plan, write_plan
+
+    r = CliRunner().invoke(cli, ["whatif", "--layers", "2", "--hidden", "256", "--heads", "4", "--vocab", "256",
+                                 "--seq", "4K", "--gpus", "2", "--policy", "sppo", "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    src = tmp_path / "p" / "plan.json"
+    plan = read_plan(src)
+    assert plan.schedule == "sppo"
+    assert all(isinstance(v, float) for v in plan.layer_timings_s.values()), plan.layer_timings_s
+    write_plan(plan, tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_bytes() == src.read_bytes()

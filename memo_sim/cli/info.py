@@ -193,10 +193,11 @@ def check_plan(plan_file, out_format, as_json):
     binding = binding_words(plan, profile, res)
     fmt = resolve_format(out_format, as_json)
     stale = _stale_prediction(plan, res)
-    from memo_sim.plan.executor_scope import plan_why_not  # noqa: PLC0415 - the what-if's "memo-exec refuses" rule
+    from memo_sim.plan.executor_scope import memory_plan_missing, plan_why_not  # noqa: PLC0415 - memo-exec's rules
 
     refused = plan_why_not(plan.model, plan.layout, plan.policy, plan.schedule, plan.batch,
                            plan.micro_batch or plan.batch, plan.seq_tokens)
+    missing = memory_plan_missing(plan)
     if fmt == "json":
         peaks = peak_moments(res)
         emit(Answer(), fmt, {"plan": str(plan_file), "valid": True, "fits": res.status == "OK",
@@ -204,11 +205,14 @@ def check_plan(plan_file, out_format, as_json):
                              "predicted": plan.predicted.to_dict(), "simulated_status": res.status,
                              "simulated_iteration_s": res.iteration_s if res.status == "OK" else None,
                              "stale_prediction": stale, "binding": binding, "executor_refuses": refused,
+                             "memory_plan_missing": missing,
                              **memory_json(plan, res, mem, peaks)})
     else:
         a = Answer(_summary_verdict(plan_file, plan, res))
         if stale:  # before the stored numbers, so the re-simulation leads (a review: the stale peak on top)
             a.line(f"  {stale}")
+        if missing:
+            a.line(f"  warning: {missing}")
         for line in _summary_lines(plan, res):
             a.line(line)
         a.line(f"  binding: {binding}")

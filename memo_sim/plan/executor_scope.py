@@ -287,3 +287,15 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
     if why is None and (split := split_why_not(layout, model, micro_batch, seq)):
         why = f"plan layout {lab}: {split}"
     return why
+
+
+def memory_plan_missing(plan) -> str | None:
+    """Where a plan's policy runs on a static memory plan (MEMO) and the plan carries none (an edited file), what
+    memo-exec does instead, in the words `memo-sim check-plan` warns with and `memo-exec run` warns with after its
+    run (a review: check-plan said "layer transients (static plan)" of such a plan without a word); else None."""
+    mp = plan.memory_plan
+    if not getattr(plan.policy, "static_memory_plan", False) or (mp is not None and mp.phases):
+        return None
+    return (f"memory_plan is missing: memo-exec runs the {plan.policy.label()} plan's scratch on the caching "
+            f"allocator, not the static memory plan the simulator prices; re-create the plan with memo-sim whatif, "
+            f"or pass memo-exec run --no-memory-plan")

@@ -97,7 +97,8 @@ class Sppo(Policy):
         if self.alphas:
             if len(self.alphas) != n or any(isinstance(a, bool) or not isinstance(a, (int, float))
                                             or not 0.0 <= a <= 1.0 for a in self.alphas):
-                raise MemoError(f"sppo: alphas must be {n} numbers in [0, 1], got {list(self.alphas)!r}")
+                raise MemoError(f"sppo: alphas (policy.alphas in a plan file) must be {n} number{'s' if n != 1 else ''} in "
+                               f"[0, 1], one per subsequence, got {list(self.alphas)!r}")
 
     # -- the plan ------------------------------------------------------------------------------------
     @property
@@ -220,7 +221,8 @@ class Sppo(Policy):
         if unknown:
             raise MemoError(f"sppo policy: unknown field {sorted(unknown)[0]!r}")
         if d.get("alpha") is not None:
-            raise MemoError("sppo policy: alpha is per subsequence (alphas), not one number")
+            raise MemoError("sppo policy: alpha is per subsequence (alphas), not one number; give policy.alphas, one "
+                            "number in [0, 1] per subsequence, and drop policy.alpha")
         if not isinstance(d.get("multiplex", False), bool):
             raise MemoError(f"sppo policy: multiplex must be true or false, got {d.get('multiplex')!r}")
         thr = d.get("threshold_bytes")

@@ -569,6 +569,6 @@ def pipeline_layer_timings(sched) -> dict[str, float]:
            "backward": sum(_span(sched.phases.get((0, k, layer, "bwd"))) for k in pieces), "recompute": 0.0}
     for kind in ("offload", "prefetch"):
         ops = [sched.copies.get((0, k, layer, kind)) for k in pieces]
-        out[kind] = sum(op.end - op.start for op in ops if op is not None and op.end is not None)
+        out[kind] = sum((op.end - op.start for op in ops if op is not None and op.end is not None), 0.0)  # a float
     return out
 
