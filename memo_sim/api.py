@@ -6,7 +6,7 @@ packages inside memo_sim.
 """
 
 from memo_sim.engine.schedules import registered_schedules
-from memo_sim.engine.simulate import SimResult, simulate, sweep_alpha
+from memo_sim.engine.simulate import SimResult, entry_arguments, simulate, sweep_alpha
 from memo_sim.layout.parallel import Layout, check_layout
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown, sppo_memory
@@ -19,11 +19,12 @@ from memo_sim.policy import Policy, get_policy, policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.request_trace import Buffer, RequestTrace
-from memo_sim.search.estimate import IterationEstimate, estimate_iteration, estimate_pipeline, memo_alpha
+from memo_sim.search.estimate import IterationEstimate, estimate_pipeline, memo_alpha
+from memo_sim.search.estimate import estimate_iteration as _estimate_iteration
 from memo_sim.search.pipeline import pipeline_memory
 from memo_sim.search.plan_build import attach_memory_plan, build_plan
 from memo_sim.search.plan_check import plan_problems, runnable_problems, traced_by_executor
-from memo_sim.search.request import WhatifAnswer, WhatifRequest, answer_whatif
+from memo_sim.search.request import WhatifAnswer, WhatifRequest, answer_whatif, in_request_words
 from memo_sim.search.sppo import SppoPoint, SppoSearch, search_sppo, solve_point
 from memo_sim.search.whatif import (Candidate, WhatIfResult, candidates_for, default_jobs, fold_duplicates, rank,
                                     simulate_candidates)
@@ -34,6 +35,7 @@ from memo_sim.cost.attention_measured import pricing_words as attention_pricing_
 from memo_sim.cost.loss_kernels import loss_kernel
 from memo_sim.cost.gemm_format import MIN_CAPABILITY as GEMM_MIN_CAPABILITY
 from memo_sim.timeline import Timeline, TimelineEvent
+from memo_sim.errors import MemoError
 
 __all__ = [
     "Buffer", "RequestTrace", "greedy_trace",
@@ -53,5 +55,43 @@ __all__ = [
 def whatif(request: WhatifRequest, progress=None) -> WhatifAnswer:
     """The answer `memo-sim whatif` gives to ``request``: ``whatif(req).plans()["plan.json"]``
     (or ``whatif(req).best.to_plan()``) is byte for byte the plan.json the command writes for
-    the same question."""
-    return answer_whatif(request, progress=progress)
+    the same question. A request the search refuses raises one `MemoError` naming the request's fields
+    (``WhatifRequest: tp=3 does not divide the 8 GPUs of gpus``) where the command names its options (``--tp``)."""
+    if not isinstance(request, WhatifRequest):
+        raise MemoError(f"whatif: request is a {type(request).__name__}, not a WhatifRequest; pass "
+                        f"memo_sim.api.WhatifRequest(model=..., seq=..., gpus=..., profile=...)")
+    try:
+        return answer_whatif(request, progress=progress)
+    except MemoError as e:  # the search's words are the command's (--tp): the request's fields instead
+        e.args = (in_request_words(str(e)),)
+        raise
+
+
+def estimate_iteration(model: ModelConfig | str, layout: Layout, batch: int, seq: int, policy: Policy | str,
+                       profile: HardwareProfile | str, micro_batch: int | None = None) -> IterationEstimate:
+    """The analytic (tier 1) estimate of one single-stage iteration (`memo_sim.search.estimate.estimate_iteration`):
+    ``batch`` sequences per data-parallel replica of ``seq`` tokens, in micro-batches of ``micro_batch`` sequences
+    (default: the whole batch). ``model``, ``policy`` and ``profile`` may be given by name, as `simulate` takes them.
+
+    Checked once here, as `simulate` and the what-if check them (the search calls the estimate itself, unchecked):
+    batch, seq and micro_batch whole numbers of at least 1 (micro_batch dividing batch), a layout of whole degrees
+    of at least 1 that `check_layout` accepts for the model on ``layout.gpus`` GPUs of the profile's nodes, without
+    pipeline stages (`estimate_pipeline` prices those), and a policy that runs the model and layout in the single
+    stage. Anything else raises one `MemoError` naming the argument and the fix."""
+    model, policy, profile = entry_arguments("estimate_iteration", model, layout, batch, seq, policy, profile,
+                                             micro_batch)
+    mb = batch if micro_batch is None else micro_batch
+    if batch % mb:
+        raise MemoError(f"estimate_iteration: micro_batch = {mb} does not divide batch = {batch}; give a divisor of "
+                        f"the batch (sequences), or None for the whole batch")
+    if layout.pp > 1:
+        raise MemoError(f"estimate_iteration: layout.pp = {layout.pp}: this estimate prices the single stage; use "
+                        f"memo_sim.api.estimate_pipeline for pipeline stages, or pp=1")
+    if default_schedule(layout.pp, policy.name) != "single_stage":
+        raise MemoError(f"estimate_iteration: policy {policy.label()} runs the {default_schedule(1, policy.name)} "
+                        f"schedule, not the single stage; use memo_sim.api.solve_point / search_sppo for it")
+    why = check_layout(layout, model, layout.gpus, profile.node_gpus, seq, mb, metp_across_nodes=True) or \
+        policy.model_why_not(model) or policy.layout_why_not(layout)
+    if why:
+        raise MemoError(f"estimate_iteration: layout {layout.label()} {policy.label()} on {profile.name}: {why}")
+    return _estimate_iteration(model, layout, batch, seq, policy, profile, micro_batch=micro_batch)

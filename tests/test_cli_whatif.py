@@ -797,7 +797,7 @@ def test_a_programs_bad_request_is_one_memo_error_naming_the_field():
     m = get_model("gpt-7b")
     for over, field in ((dict(seq=0), "seq"), (dict(seq=-4096), "seq"), (dict(gpus=0), "gpus"), (dict(tp=0), "tp"),
                         (dict(zero=4), "zero"), (dict(alpha=1.5), "alpha"), (dict(profile=3), "profile"),
-                        (dict(model="gpt-7b"), "model")):
+                        (dict(model=3), "model")):
         with pytest.raises(MemoError, match=rf"^WhatifRequest\.{field} = "):
             WhatifRequest(**{**dict(model=m, seq=4096, gpus=8, profile="a800-80gb"), **over})
     req = WhatifRequest(model=m, seq="128K", gpus=8, profile="a800-80gb")

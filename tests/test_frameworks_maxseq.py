@@ -357,7 +357,7 @@ def test_maxseq_takes_the_caching_allocators_settings():
     assert "expandable" in exp["answers"][0]["best"]["layout"] and exp["answers"][0]["max_seq_tokens"] > \
         plain["answers"][0]["max_seq_tokens"]
     bad = CliRunner().invoke(cli, [*args[:-1], "--alloc-conf", "bogus:1"])
-    assert bad.exit_code == 2 and "alloc_conf: unknown key 'bogus'" in bad.output
+    assert bad.exit_code == 2 and "--alloc-conf: unknown key 'bogus'" in bad.output
 
 
 def test_a_failure_of_the_allocator_replay_gives_no_time():

@@ -72,6 +72,6 @@ def test_torchtitan_searches_it_and_leaves_it_out_under_fp8():
     assert "op_sac" in {c.policy.name for c in ans.result.candidates}
     ans = api.whatif(api.WhatifRequest(**{**req, "model": replace(LLAMA, gemm_format="fp8-tensorwise")}))
     assert "op_sac" not in {c.policy.name for c in ans.result.candidates}
-    with pytest.raises(MemoError, match="--policy op_sac"):
+    with pytest.raises(MemoError, match="policies='op_sac'"):
         api.whatif(api.WhatifRequest(**{**req, "model": replace(LLAMA, gemm_format="fp8-tensorwise"),
                                         "policies": ("op_sac",)}))

@@ -13,6 +13,7 @@ count them all. ``micro_batch`` (default ``batch``) divides it: the iteration ru
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Iterable
 
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
@@ -27,7 +28,7 @@ from memo_sim.layout.parallel import Layout, structure_why_not
 from memo_sim.layout.schedule import check_schedule, default_schedule
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy
-from memo_sim.policy.registry import get_policy
+from memo_sim.policy.registry import get_policy, policy_class
 from memo_sim.profile.schema import HardwareProfile
 
 DEFAULT_ALPHAS = tuple(i / 8 for i in range(9))  # 0, 0.125, ..., 1
@@ -57,8 +58,7 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     identical layers once where the iteration is periodic (`memo_sim.engine.periodic`).
     SPPO: ``detail`` (ops, units or auto) sets how finely its pipeline is laid out.
     """
-    if batch < 1 or seq < 1:
-        raise MemoError(f"batch and seq must be positive, got batch={batch}, seq={seq}")
+    model, policy, profile = entry_arguments("simulate", model, layout, batch, seq, policy, profile, micro_batch)
     mb = batch if micro_batch is None else micro_batch
     name = schedule or default_schedule(layout.pp, policy.name)
     why = check_schedule(name, pp=layout.pp, vpp=layout.vpp, layers=model.layers, batch=batch, micro_batch=mb,
@@ -76,6 +76,60 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     return schedule_runner(name)(model, layout, batch, seq, policy, profile, micro_batch=mb, contention=contention,
                                  classifier_chunk_tokens=classifier_chunk_tokens, keep_timeline=keep_timeline,
                                  record=record, allocator_lag=allocator_lag, detail=detail, fold=fold)
+
+
+def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_batch=None):
+    """``(model, policy, profile)`` of a public entry's arguments (`simulate`'s, `memo_sim.api.estimate_iteration`'s),
+    checked once per call as a program gives them: a model, policy or profile may be given by name (a preset or
+    model file, a policy without an alpha, a profile's name or file), batch, seq and micro_batch are whole numbers of
+    at least 1 (sequences, tokens, sequences; seq at most the command's cap), the layout a `Layout` of whole degrees
+    of at least 1. Anything else raises one `MemoError` naming ``who``'s argument and what to pass."""
+    from memo_sim.model.config import get_model  # noqa: PLC0415
+    from memo_sim.units import MAX_TOKENS, fmt_count  # noqa: PLC0415
+
+    def bad(name: str, value, fix: str) -> MemoError:
+        return MemoError(f"{who}: {name} = {value!r}: {fix}")
+
+    if isinstance(model, (str, os.PathLike)):
+        model = get_model(model)
+    elif not isinstance(model, ModelConfig):
+        raise bad("model", model, "give a ModelConfig (memo_sim.api.get_model), a preset's name or a model file's path")
+    if not isinstance(layout, Layout):
+        raise bad("layout", layout, "give a Layout (memo_sim.api.Layout(tp=8, ...))")
+    for f in ("tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp"):
+        v = getattr(layout, f)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise bad(f"layout.{f}", v, "give a whole number of at least 1")
+    if isinstance(layout.zero, bool) or layout.zero not in (0, 1, 2, 3):
+        raise bad("layout.zero", layout.zero, "give a ZeRO stage 0 to 3")
+    for name, v in (("batch", batch), ("seq", seq), ("micro_batch", micro_batch)):
+        if v is None and name == "micro_batch":
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise bad(name, v, "give a whole number of at least 1 (" + ("tokens" if name == "seq" else "sequences")
+                      + ("; None: the whole batch)" if name == "micro_batch" else ")"))
+    if batch < 1 or seq < 1:
+        raise MemoError(f"{who}: batch and seq must be positive, got batch={batch}, seq={seq}; give whole numbers of "
+                        f"at least 1 (sequences per replica, tokens)")
+    if micro_batch is not None and micro_batch < 1:
+        raise bad("micro_batch", micro_batch, "give a whole number of at least 1, or None for the whole batch")
+    if seq > MAX_TOKENS:
+        raise bad("seq", seq, f"give at most {fmt_count(MAX_TOKENS)} tokens (the command's limit)")
+    if isinstance(policy, str):
+        if policy_class(policy).takes_alpha:
+            raise bad("policy", policy, f"{policy} takes an alpha: pass memo_sim.api.get_policy({policy!r}, alpha) "
+                      f"(memo_sim.api.memo_alpha solves MEMO's)")
+        policy = get_policy(policy)
+    elif not isinstance(policy, Policy):
+        raise bad("policy", policy, "give a Policy (memo_sim.api.get_policy(name, alpha)) or a policy's name "
+                  "(memo_sim.api.policy_names())")
+    if isinstance(profile, (str, os.PathLike)):
+        from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+        profile = load_profile(profile)
+    elif not isinstance(profile, HardwareProfile):
+        raise bad("profile", profile, "give a HardwareProfile (memo_sim.api.load_profile) or a profile's name")
+    return model, policy, profile
 
 
 def sweep_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,

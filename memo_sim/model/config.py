@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -1041,9 +1042,15 @@ def _release_words(preset: str) -> str:
     return f" ({release}: vocab {m.vocab}, {window}; for another release give its config.json)"
 
 
-def get_model(name: str) -> ModelConfig:
+def get_model(name: str | os.PathLike) -> ModelConfig:
     """A preset by name (as Hugging Face spells it too: ``Qwen3-32B``, ``Qwen/Qwen3-32B``,
-    ``mistralai/Mixtral-8x7B-v0.1``), or a model file."""
+    ``mistralai/Mixtral-8x7B-v0.1``), or a model file (a ``str`` or ``Path``: a .yaml/.json model file, a Hugging
+    Face config.json or its folder). Anything else (None, a number, an empty name) raises `MemoError`."""
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
+    if not isinstance(name, str) or not name.strip():
+        raise MemoError(f"model {name!r}: give a preset's name (a str such as 'llama-3.1-8b'; `memo-sim models` "
+                        f"lists them) or a model file's path (a str or Path)")
     p = Path(name)
     if p.suffix in (".json", ".yaml", ".yml") or p.is_dir():
         return model_from_file(p)

@@ -264,12 +264,47 @@ def with_profile_reference(plan: Plan, given: str) -> Plan:
 
 
 def write_plan(plan: Plan, path: str | Path) -> Path:
+    """Write ``plan`` (a `Plan`: ``WhatifAnswer.plans()``'s, ``Candidate.to_plan()``'s or `read_plan`'s) to the file
+    ``path`` (a str or Path; its folders are created) as plan.json, atomically (a new file renamed over the old);
+    returns the path. A plan that is not a `Plan`, or a path that is a folder or not a regular file, raises one
+    `MemoError` naming the argument and the fix, before anything is written."""
+    from memo_sim.fileio import write_target  # noqa: PLC0415
+
+    if not isinstance(plan, Plan):
+        raise MemoError(f"write_plan: plan is a {type(plan).__name__}, not a Plan; pass a Plan (WhatifAnswer.plans()"
+                        f"['plan.json'], Candidate.to_plan() or read_plan(path)), or Plan.from_dict(d) of a mapping")
+    path = _plan_path(path, "write_plan")
+    target, why = write_target(path)
+    if why:
+        hint = f" such as {Path(path) / 'plan.json'}" if target.is_dir() else ""
+        raise MemoError(f"write_plan: path {str(path)!r} {why}{hint}")
     return atomic_write_json(path, plan.to_dict())
 
 
 def read_plan(path: str | Path) -> Plan:
+    """The plan in the plan.json file ``path`` (a str or Path), validated (`Plan.from_dict`); a profile file the plan
+    names that lies beside the plan rather than where it was written is taken from there (`beside_the_plan`). A
+    missing, unreadable-as-JSON or malformed file, or a path that is a folder, raises `PlanError` (a `MemoError`) in
+    one line naming the file and the fix."""
+    path = _plan_path(path, "read_plan")
+    p = Path(path)
+    if p.is_dir():
+        inside = p / "plan.json"
+        fix = f"give {inside}" if inside.is_file() else "give the path of a plan.json file"
+        raise PlanError(f"{path}: a folder, not a plan file; {fix}")
     raw = read_json(path, PlanError, "plan file")
-    return beside_the_plan(Plan.from_dict(raw, source=str(path)), Path(path))
+    return beside_the_plan(Plan.from_dict(raw, source=str(path)), p)
+
+
+def _plan_path(path: Any, who: str) -> str | Path:
+    """``path`` when it is a str or a path object, else a `MemoError` naming ``who``'s argument."""
+    import os  # noqa: PLC0415
+
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str) or not path.strip():
+        raise MemoError(f"{who}: path {path!r}: give a file's path (a str or Path)")
+    return path
 
 
 def beside_the_plan(plan: Plan, path: Path) -> Plan:

@@ -13,6 +13,8 @@ named in `FIXING` (`candidates_for`'s keywords), a setting of the search itself 
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field, fields, replace
 
 from memo_sim.layout.parallel import MAX_DEGREE, check_layout
@@ -39,6 +41,106 @@ FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
 
+# `memo-sim whatif`'s options by the request's field they set (a test holds it to the command's options): an error
+# the search raises in the command's words is raised through `memo_sim.api.whatif` in the request's (`in_request_words`)
+FIELD_FLAGS = {
+    "seq": "--seq", "gpus": "--gpus", "batch": "--batch", "global_batch": "--global-batch",
+    "micro_batch": "--micro-batch", "tp": "--tp", "cp": "--cp", "ulysses": "--ulysses", "dp": "--dp", "zero": "--zero",
+    "sp": "--sp", "optimizer_offload": "--optimizer-offload", "tp_mode": "--tp-mode",
+    "metp_across_nodes": "--metp-across-nodes", "ep": "--ep", "etp": "--etp", "moe_dispatcher": "--moe-dispatcher",
+    "moe_balance": "--moe-balance", "dp_mode": "--dp-mode", "alloc_conf": "--alloc-conf", "allocator": "--allocator",
+    "rank_order": "--rank-order", "policies": "--policy", "alpha": "--alpha", "pp": "--pp", "vpp": "--vpp",
+    "first_stage_layers": "--decoder-first-pipeline-num-layers",
+    "last_stage_layers": "--decoder-last-pipeline-num-layers", "chunk_layers": "--pipeline-model-parallel-layout",
+    "schedules": "--schedule", "subseqs": "--subseqs", "partition": "--partition", "multiplex": "--multiplex",
+    "framework": "--framework", "simulate_top": "--simulate-top", "allocator_lag": "--allocator-lag", "jobs": "--jobs",
+}
+BOOL_FLAGS = ("sp", "optimizer_offload", "multiplex", "metp_across_nodes")  # --x is x=True, --no-x x=False
+# the command's options that are not the request's fields, in the request's words (the model's own options set
+# fields of the ModelConfig; the profile's is the request's profile)
+_OTHER_WORDS = {
+    "--layers/--hidden/...": "a ModelConfig", "--decoder-first/last-pipeline-num-layers":
+    "first_stage_layers/last_stage_layers", "--model": "model", "--profile": "profile",
+    **{f"--{f.replace('_', '-')}": f"model.{f}" for f in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn",
+                                                          "vocab", "dtype", "mtp_layers", "precision")},
+}
+
+
+_ONE_OF = {"policies": "policy", "schedules": "schedule"}  # the list fields, by what one of their names is
+
+
+def _flag_words() -> dict[str, str]:
+    """Each option of the command (``--no-sp`` too) by the request's words for it."""
+    words = {flag: name for name, flag in FIELD_FLAGS.items()}
+    for name in BOOL_FLAGS:
+        words[FIELD_FLAGS[name]] = f"{name}=True"
+        words["--no-" + FIELD_FLAGS[name][2:]] = f"{name}=False"
+    return {**words, **_OTHER_WORDS}
+
+
+def in_request_words(message: str) -> str:
+    """``message`` (an error the search raises in `memo-sim whatif`'s words) with the command's options named as the
+    request's fields: ``--tp 3 does not divide the 8 GPUs of --gpus`` reads ``tp=3 does not divide the 8 GPUs of
+    gpus``, ``--schedule 'bogus' unknown`` ``schedules='bogus' unknown``; a message that names an option gets the
+    prefix ``WhatifRequest: ``. Other tools' flags (Megatron-LM's ``--micro-batch-size``) are left as they are."""
+    words = _flag_words()
+    pattern = re.compile(r"(?<![\w-])(" + "|".join(re.escape(f) for f in sorted(words, key=len, reverse=True))
+                         + r")(?![\w-])")
+    known: set[str] | None = None
+    out, pos = [], 0
+    for m in pattern.finditer(message):
+        out.append(message[pos:m.start()])
+        name, pos = words[m.group(1)], m.end()
+        if name in FIELD_FLAGS:  # an option taking a value: its value follows where one does
+            t = re.match(r" ('[^']*'|\"[^\"]*\"|[^\s;,()]+)", message[pos:])
+            tok = t.group(1) if t else ""
+            colon = tok.endswith(":") and len(tok) > 1
+            bare = tok[:-1] if colon else tok
+            if known is None:
+                known = _choice_words()
+            if tok[:1] in ("'", '"') or re.fullmatch(r"-?\d+(\.\d+)?[KMGkmg]?", bare):
+                value = bare
+            elif colon or bare in known:
+                value = repr(bare)
+            else:
+                value = None
+            if value is not None:
+                out.append(f"{name}={value}" + (":" if colon else ""))
+                pos += t.end()
+                continue
+        if name in _ONE_OF and out[-1].endswith("another "):  # "choose another --policy": one name of the list
+            name = f"{_ONE_OF[name]} in {name}"
+        out.append(name)
+    out.append(message[pos:])
+    text = "".join(out)
+    return f"WhatifRequest: {text}" if len(out) > 1 and not text.startswith("WhatifRequest") else text
+
+
+def _choice_words() -> set[str]:
+    """The names an option takes (policies, schedules, frameworks, flavours, orders): ``--policy sppo`` reads
+    ``policies='sppo'``."""
+    from memo_sim.dp import DP_MODES  # noqa: PLC0415
+    from memo_sim.layout.rank_order import RANK_ORDER_NAMES  # noqa: PLC0415
+    from memo_sim.layout.schedule import SCHEDULE_NAMES  # noqa: PLC0415
+    from memo_sim.policy import policy_names  # noqa: PLC0415
+    from memo_sim.search.frameworks import FRAMEWORKS  # noqa: PLC0415
+    from memo_sim.search.whatif import TP_MODE_CHOICES  # noqa: PLC0415
+
+    return {*policy_names(), *SCHEDULE_NAMES, *FRAMEWORKS, *TP_MODE_CHOICES, *DP_MODES, *RANK_ORDER_NAMES, "all",
+            "bound", "caching", "plan", "both", "flops", "length", "explicit"}
+
+
+def _in_request_words(make, field_name: str):
+    """``make()``, a `MemoError` it raises (shared with the command: ``get_model``'s, ``load_profile``'s) re-worded
+    for the request (`in_request_words`) and naming ``WhatifRequest.<field_name>``."""
+    try:
+        return make()
+    except MemoError as e:
+        text = in_request_words(str(e)).removeprefix("WhatifRequest: ")
+        e.args = (f"WhatifRequest.{field_name}: {text}",)
+        raise
+
+
 def tp_flavours_asked(tp_mode: str | None, tp: int | None) -> str:
     """The tensor-parallel flavours a command searches: as asked (``--tp-mode``), else Megatron TP
     where ``--tp`` fixes the degree (``--tp 8`` asks about Megatron TP8), else every flavour (``all``)."""
@@ -49,7 +151,19 @@ def tp_flavours_asked(tp_mode: str | None, tp: int | None) -> str:
 
 @dataclass(frozen=True)
 class WhatifRequest:
-    """One what-if question. ``None`` (or an empty tuple) leaves an option to the search."""
+    """One what-if question, in the command's units. ``None`` (or an empty tuple) leaves an option to the search.
+
+    ``model``: a `ModelConfig`, a preset's name or a model file's path (a str or Path, as ``--model`` takes it);
+    ``seq``: tokens per sequence, a whole number from 1 to 1024M (1G) or a string as the command writes it ("128K",
+    "1M"; binary multipliers); ``gpus``: how many GPUs (a count, at most `MAX_DEGREE`); ``profile``: a
+    `HardwareProfile`, a profile's name or its file. ``batch``: sequences per data-parallel replica per iteration,
+    ``global_batch`` sequences per iteration over every replica, ``micro_batch`` sequences per micro-batch (all
+    counts of sequences, not tokens). ``tp``, ``cp``, ``ulysses``, ``dp``, ``pp``, ``vpp``, ``ep``, ``etp``: parallel
+    degrees (GPU counts); ``zero`` a ZeRO stage 0 to 3; ``alpha``: the fraction of MEMO's token-wise activations
+    offloaded to host, in [0, 1]. ``policies`` and ``schedules``: names (one str or a sequence of them).
+    A bad value raises one `MemoError` naming the field (``WhatifRequest.seq``) and the fix; errors raised while
+    `memo_sim.api.whatif` answers name the request's fields too (`in_request_words`), where the command names its
+    options."""
 
     model: ModelConfig
     seq: int
@@ -106,21 +220,29 @@ class WhatifRequest:
         """A request built by a program is checked as the command's options are: a `MemoError` naming the field
         and the fix (``seq=0`` raised 'math domain error' deep in the search, ``seq="128K"`` a TypeError, a profile
         name an AttributeError). A profile may be given by name, a sequence as the command writes it ("128K")."""
-        from memo_sim.units import parse_count  # noqa: PLC0415
+        from memo_sim.units import MAX_TOKENS, fmt_count, parse_count  # noqa: PLC0415
 
         def bad(name: str, fix: str) -> MemoError:
             return MemoError(f"WhatifRequest.{name} = {getattr(self, name)!r}: {fix}")
 
-        if not isinstance(self.model, ModelConfig):
-            raise bad("model", "give a ModelConfig (memo_sim.api.get_model('llama-3.1-8b') or a model file's path)")
-        if isinstance(self.profile, str):
+        if isinstance(self.model, (str, os.PathLike)):  # a preset's name or a model file, as --model takes them
+            from memo_sim.model.config import get_model  # noqa: PLC0415
+
+            object.__setattr__(self, "model", _in_request_words(lambda: get_model(self.model), "model"))
+        elif not isinstance(self.model, ModelConfig):
+            raise bad("model", "give a ModelConfig (memo_sim.api.get_model), a preset's name such as 'llama-3.1-8b' "
+                               "or a model file's path (a str or Path)")
+        if isinstance(self.profile, (str, os.PathLike)):
             from memo_sim.profile.loader import load_profile  # noqa: PLC0415
 
-            object.__setattr__(self, "profile", load_profile(self.profile))
+            object.__setattr__(self, "profile", _in_request_words(lambda: load_profile(self.profile), "profile"))
         elif not isinstance(self.profile, HardwareProfile):
             raise bad("profile", "give a HardwareProfile (memo_sim.api.load_profile) or a profile's name")
         if isinstance(self.seq, str):
             object.__setattr__(self, "seq", parse_count(self.seq, "WhatifRequest.seq"))
+        if isinstance(self.seq, int) and not isinstance(self.seq, bool) and self.seq > MAX_TOKENS:
+            raise bad("seq", f"give at most {fmt_count(MAX_TOKENS)} tokens (the command's limit: more is a typo, not a "
+                             f"sequence)")
         for name in ("seq", "gpus", "jobs", "batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp",
                      "pp", "vpp", "ep", "etp", "subseqs", "first_stage_layers", "last_stage_layers"):
             v = getattr(self, name)
@@ -138,7 +260,7 @@ class WhatifRequest:
             raise bad("metp_across_nodes", "give True or False")
         if isinstance(self.allocator_lag, bool) or not isinstance(self.allocator_lag, int) \
                 or not 0 <= self.allocator_lag <= 64:
-            raise bad("allocator_lag", "give a whole number from 0 to 64 (--allocator-lag's range)")
+            raise bad("allocator_lag", "give a whole number from 0 to 64 (layers the GPU lags behind the CPU)")
         for name in ("policies", "schedules"):
             if not all(isinstance(x, str) for x in getattr(self, name)):
                 raise bad(name, "give names (strings), e.g. ('memo', 'full_recompute')")
