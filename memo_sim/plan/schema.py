@@ -176,7 +176,9 @@ class Plan:
                 alpha = pol.get("alpha")
                 if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
                                           or not 0.0 <= alpha <= 1.0):
-                    raise fail("policy.alpha", f"must be a number in [0, 1] or null, got {alpha!r}")
+                    raise fail("policy.alpha", f"must be a number in [0, 1] (null for a policy without one), got "
+                                               f"{alpha!r}; re-create the plan with memo-sim whatif, or set it in "
+                                               f"[0, 1]")
                 policy = get_policy(pol["policy"], alpha)
         except PlanError:
             raise
@@ -186,7 +188,8 @@ class Plan:
             raise fail("policy", f"bad value ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
                                  f"re-create the plan with memo-sim whatif") from None
         if layout.gpus != raw.gpus:
-            raise fail("layout", f"degrees multiply to {layout.gpus} GPUs but gpus is {raw.gpus}; make them agree")
+            raise fail("layout", f"degrees multiply to {layout.gpus} GPU{'s' if layout.gpus != 1 else ''} but gpus "
+                                 f"is {raw.gpus}; make them agree")
         try:
             pred = Prediction.from_dict(raw.predicted)
             mp = MemoryPlan.from_dict(raw.memory_plan) if raw.memory_plan is not None else None
