@@ -22,6 +22,27 @@ def one_line(r) -> str:
     return r.output
 
 
+def one_error_line(r) -> str:
+    """A refusal's error line (memo-sim's or memo-exec's): exit status 2, one non-blank line starting ``error: ``,
+    no traceback."""
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+def one_error(call) -> str:
+    """The one-line `MemoError` ``call()`` raises (a library call's refusal, `memo_sim.api`)."""
+    from memo_sim.errors import MemoError
+
+    with pytest.raises(MemoError) as e:
+        call()
+    text = str(e.value)
+    assert "\n" not in text, text
+    return text
+
+
 @contextlib.contextmanager
 def one_search():
     """Within it the CLI's what-if runs `memo_sim.cli.whatif.answer_whatif` once, and every later run of the same

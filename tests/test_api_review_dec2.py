@@ -20,6 +20,7 @@ from memo_sim.errors import MemoError, PlanError
 from memo_sim.search import estimate as estimate_module
 from memo_sim.search.request import BOOL_FLAGS, FIELD_FLAGS, in_request_words
 from memo_sim.units import MAX_TOKENS
+from tests.cli_run import one_error
 
 TOY = replace(api.get_model("gpt-7b"), layers=2)
 A800 = api.load_profile("a800-80gb")
@@ -27,51 +28,43 @@ STORE = api.get_policy("store_all")
 MEMO = api.get_policy("memo", 0.5)
 
 
-def _one_error(call) -> str:
-    with pytest.raises(MemoError) as e:
-        call()
-    text = str(e.value)
-    assert "\n" not in text, text
-    return text
-
-
 # -- 1. estimate_iteration ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("batch, seq", [(1, 0), (0, 4096), (1, -1), (True, 4096), (1, "4K"), (1, 4096.0),
                                         (1, MAX_TOKENS + 1)])
 def test_estimate_iteration_refuses_a_batch_or_seq_that_is_not_a_positive_count(batch, seq):
-    text = _one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=8), batch, seq, MEMO, A800))
+    text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=8), batch, seq, MEMO, A800))
     assert "estimate_iteration" in text and ("seq" in text or "batch" in text), text
 
 
 def test_estimate_iteration_refuses_a_layout_check_layout_refuses():
     why = api.check_layout(api.Layout(tp=3), TOY, 3, A800.node_gpus, 4096)
     assert why  # 32 heads over tp 3
-    text = _one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=3), 1, 4096, MEMO, A800))
+    text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=3), 1, 4096, MEMO, A800))
     assert text.startswith("estimate_iteration: layout tp3") and why in text, text
-    text = _one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=16), 1, 4096, STORE, A800))
+    text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=16), 1, 4096, STORE, A800))
     assert text.startswith("estimate_iteration: layout tp16"), text  # wider than the profile's 8-GPU node
 
 
 @pytest.mark.parametrize("degree", ["tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp"])
 @pytest.mark.parametrize("value", [0, -2, 2.0, "2", True])
 def test_estimate_iteration_refuses_degrees_that_are_not_whole_numbers_of_at_least_one(degree, value):
-    text = _one_error(lambda: api.estimate_iteration(TOY, api.Layout(**{degree: value}), 1, 4096, STORE, A800))
+    text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(**{degree: value}), 1, 4096, STORE, A800))
     assert text.startswith(f"estimate_iteration: layout.{degree} = "), text
 
 
 def test_estimate_iteration_refuses_what_the_single_stage_does_not_price():
-    text = _one_error(lambda: api.estimate_iteration(TOY, api.Layout(pp=2), 2, 4096, STORE, A800))
+    text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(pp=2), 2, 4096, STORE, A800))
     assert "estimate_pipeline" in text, text
-    text = _one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=8), 3, 4096, STORE, A800, micro_batch=2))
+    text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=8), 3, 4096, STORE, A800, micro_batch=2))
     assert "micro_batch = 2 does not divide batch = 3" in text, text
-    text = _one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=8), 1, 4096, "memo", A800))
+    text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=8), 1, 4096, "memo", A800))
     assert "get_policy('memo', alpha)" in text, text
     for bad in (None, 3, object()):
         for i, name in ((0, "model"), (1, "layout"), (4, "policy"), (5, "profile")):
             args = [TOY, api.Layout(tp=8), 1, 4096, STORE, A800]
             args[i] = bad
-            text = _one_error(lambda: api.estimate_iteration(*args))
+            text = one_error(lambda: api.estimate_iteration(*args))
             assert text.startswith(f"estimate_iteration: {name} = "), text
 
 
@@ -91,7 +84,7 @@ def test_estimate_iteration_prices_a_good_call_as_the_searchs_estimate_does():
 
 def test_a_request_of_more_tokens_than_the_command_takes_is_refused():
     for seq in (2**31, MAX_TOKENS + 1):
-        text = _one_error(lambda: api.WhatifRequest(model=TOY, seq=seq, gpus=8, profile=A800))
+        text = one_error(lambda: api.WhatifRequest(model=TOY, seq=seq, gpus=8, profile=A800))
         assert text.startswith("WhatifRequest.seq = ") and "1024M" in text and "--" not in text, text
     assert api.WhatifRequest(model=TOY, seq=MAX_TOKENS, gpus=8, profile=A800).seq == MAX_TOKENS
     assert api.WhatifRequest(model=TOY, seq="1G", gpus=8, profile=A800).seq == MAX_TOKENS
@@ -107,19 +100,19 @@ def plan():
 
 
 def test_read_plan_and_write_plan_refuse_a_folder_and_a_plan_that_is_not_one(plan, tmp_path):
-    text = _one_error(lambda: api.read_plan(tmp_path))
+    text = one_error(lambda: api.read_plan(tmp_path))
     assert "a folder, not a plan file" in text, text
     api.write_plan(plan, tmp_path / "plan.json")
     with pytest.raises(PlanError, match=re.escape(f"give {tmp_path / 'plan.json'}")):
         api.read_plan(tmp_path)  # the plan.json inside is named
     before = sorted(tmp_path.iterdir())
-    text = _one_error(lambda: api.write_plan(plan, tmp_path))
+    text = one_error(lambda: api.write_plan(plan, tmp_path))
     assert text.startswith("write_plan: path") and "is a folder" in text and "plan.json" in text, text
-    text = _one_error(lambda: api.write_plan({"a": 1}, tmp_path / "x.json"))
+    text = one_error(lambda: api.write_plan({"a": 1}, tmp_path / "x.json"))
     assert text.startswith("write_plan: plan is a dict, not a Plan"), text
     for call in (lambda: api.write_plan(plan, None), lambda: api.read_plan(None), lambda: api.read_plan(3),
                  lambda: api.write_plan(plan, "")):
-        assert "give a file's path" in _one_error(call)
+        assert "give a file's path" in one_error(call)
     assert sorted(tmp_path.iterdir()) == before  # nothing written by a refusal
     back = api.read_plan(str(tmp_path / "plan.json"))
     assert back.to_dict()["layout"] == plan.to_dict()["layout"]
@@ -131,22 +124,22 @@ def test_simulate_takes_a_policy_or_profile_by_name_or_refuses_in_one_line():
     want = api.simulate(TOY, lay, 1, 4096, STORE, A800, keep_timeline=False)
     got = api.simulate(TOY, lay, 1, 4096, "store_all", "a800-80gb", keep_timeline=False)
     assert got.iteration_s == want.iteration_s and got.peak_gpu_bytes == want.peak_gpu_bytes
-    text = _one_error(lambda: api.simulate(TOY, lay, 1, 4096, "memo", A800))
+    text = one_error(lambda: api.simulate(TOY, lay, 1, 4096, "memo", A800))
     assert text.startswith("simulate: policy = 'memo'") and "get_policy('memo', alpha)" in text, text
-    assert "bogus' unknown" in _one_error(lambda: api.simulate(TOY, lay, 1, 4096, "bogus", A800))
-    assert "bogus-gpu" in _one_error(lambda: api.simulate(TOY, lay, 1, 4096, STORE, "bogus-gpu"))
+    assert "bogus' unknown" in one_error(lambda: api.simulate(TOY, lay, 1, 4096, "bogus", A800))
+    assert "bogus-gpu" in one_error(lambda: api.simulate(TOY, lay, 1, 4096, STORE, "bogus-gpu"))
     for i, name in ((4, "policy"), (5, "profile"), (0, "model"), (1, "layout")):
         args = [TOY, lay, 1, 4096, STORE, A800]
         args[i] = 3
-        assert _one_error(lambda: api.simulate(*args)).startswith(f"simulate: {name} = 3: give ")
-    assert _one_error(lambda: api.simulate(TOY, lay, 1, 0, STORE, A800)).startswith("simulate: batch and seq")
-    assert _one_error(lambda: api.simulate(TOY, api.Layout(tp=0), 1, 4096, STORE, A800)).startswith(
+        assert one_error(lambda: api.simulate(*args)).startswith(f"simulate: {name} = 3: give ")
+    assert one_error(lambda: api.simulate(TOY, lay, 1, 0, STORE, A800)).startswith("simulate: batch and seq")
+    assert one_error(lambda: api.simulate(TOY, api.Layout(tp=0), 1, 4096, STORE, A800)).startswith(
         "simulate: layout.tp = 0")
 
 
 @pytest.mark.parametrize("bad", [None, 3, "", "  ", b"gpt-7b"])
 def test_get_model_refuses_what_is_not_a_name_or_path(bad):
-    text = _one_error(lambda: api.get_model(bad))
+    text = one_error(lambda: api.get_model(bad))
     assert "give a preset's name" in text and "model file's path" in text, text
 
 
@@ -166,14 +159,14 @@ def test_a_request_takes_a_models_name_or_file(tmp_path):
     f.write_text(json.dumps(TOY.to_dict()))  # JSON is YAML
     for given in (f, str(f)):
         assert api.WhatifRequest(model=given, seq=4096, gpus=8, profile=A800).model.layers == 2
-    text = _one_error(lambda: api.WhatifRequest(model="gpt-7bb", seq=4096, gpus=8, profile=A800))
+    text = one_error(lambda: api.WhatifRequest(model="gpt-7bb", seq=4096, gpus=8, profile=A800))
     assert text.startswith("WhatifRequest.model: model 'gpt-7bb' unknown") and "--" not in text, text
     assert "a ModelConfig" in text, text
-    text = _one_error(lambda: api.WhatifRequest(model=tmp_path / "none.yaml", seq=4096, gpus=8, profile=A800))
+    text = one_error(lambda: api.WhatifRequest(model=tmp_path / "none.yaml", seq=4096, gpus=8, profile=A800))
     assert text.startswith("WhatifRequest.model: ") and "no such model file" in text, text
-    text = _one_error(lambda: api.WhatifRequest(model=3, seq=4096, gpus=8, profile=A800))
+    text = one_error(lambda: api.WhatifRequest(model=3, seq=4096, gpus=8, profile=A800))
     assert text.startswith("WhatifRequest.model = 3: give a ModelConfig") and "preset's name" in text, text
-    text = _one_error(lambda: api.WhatifRequest(model=TOY, seq=4096, gpus=8, profile="bogus-gpu"))
+    text = one_error(lambda: api.WhatifRequest(model=TOY, seq=4096, gpus=8, profile="bogus-gpu"))
     assert text.startswith("WhatifRequest.profile: "), text
 
 
@@ -191,7 +184,7 @@ def test_a_request_takes_a_models_name_or_file(tmp_path):
 ])
 def test_the_whatifs_refusals_name_the_requests_fields(over, says):
     req = api.WhatifRequest(**{**dict(model=TOY, seq=4096, gpus=8, profile=A800), **over})
-    text = _one_error(lambda: api.whatif(req))
+    text = one_error(lambda: api.whatif(req))
     assert text.startswith(says), text
     assert not re.search(r"(?<![\w-])--(" + "|".join(re.escape(f[2:]) for f in FIELD_FLAGS.values()) + r")(?![\w-])",
                          text), text
@@ -253,5 +246,5 @@ def test_the_requests_docstring_states_its_units():
 
 
 def test_whatif_refuses_what_is_not_a_request():
-    text = _one_error(lambda: api.whatif({"model": "gpt-7b", "seq": 4096}))
+    text = one_error(lambda: api.whatif({"model": "gpt-7b", "seq": 4096}))
     assert text.startswith("whatif: request is a dict, not a WhatifRequest"), text

@@ -12,15 +12,15 @@ from memo_sim.cli import cli
 from memo_sim.cli.whatif import Show
 from memo_sim.errors import MemoError
 from memo_sim.fileio import check_output_file
+from tests.cli_run import one_error_line
 
 TOY = ["--layers", "2", "--hidden", "128", "--heads", "4", "--vocab", "256", "--seq", "1K", "--gpus", "1"]
 
 
 def _one_line(r, *words):
-    assert r.exit_code == 2, r.output
-    assert r.output.startswith("error:") and r.output.count("\n") == 1 and "Traceback" not in r.output, r.output
+    line = one_error_line(r)
     for w in words:
-        assert w in r.output, r.output
+        assert w in line, line
 
 
 def test_memplan_help_says_a_file_plan_uses_the_profile_only_where_given():

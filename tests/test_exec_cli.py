@@ -18,6 +18,7 @@ from memo_sim.model.config import PRESETS, ModelConfig
 from memo_sim.plan.schema import Plan, read_plan, write_plan
 from memo_sim.policy import get_policy
 from memo_sim.timeline import Timeline
+from tests.cli_run import one_error_line
 
 torch.set_num_threads(1)
 
@@ -36,15 +37,6 @@ def _time_limit():
 def _plan(tmp_path, policy=get_policy("memo", 0.3), model=SMALL, seq=256, name="plan.json", **kw):
     return write_plan(make_plan(model, seq, policy, predicted=PRED, layer_timings=LT, chunk=100, **kw),
                       tmp_path / name)
-
-
-def _one_error_line(r) -> str:
-    assert r.exit_code == 2, r.output
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.output
-    assert lines[0].startswith("error: ")
-    assert "Traceback" not in r.output
-    return lines[0]
 
 
 def test_run_writes_valid_outputs(tmp_path):
@@ -139,7 +131,7 @@ def test_unknown_schema_exits_2(tmp_path):
     raw = json.loads(p.read_text())
     raw["schema"] = "memo-plan/99"
     p.write_text(json.dumps(raw))
-    line = _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--out", str(tmp_path / "o")]))
+    line = one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--out", str(tmp_path / "o")]))
     assert "schema" in line and "memo-plan/99" in line
     assert not (tmp_path / "o").exists()
 
@@ -155,25 +147,25 @@ def test_unknown_schema_exits_2(tmp_path):
 def test_user_errors_exit_2(tmp_path, args, needle):
     p = _plan(tmp_path)
     r = CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--out", str(tmp_path / "o"), *args])
-    assert needle in _one_error_line(r)
+    assert needle in one_error_line(r)
 
 
 def test_model_that_does_not_fit_exits_2(tmp_path):
     plan = Plan(PRESETS["gpt-7b"], 1, 1_048_576, 1, Layout(), get_policy("store_all"), "a800-80gb", PRED, LT)
     p = write_plan(plan, tmp_path / "big.json")
-    line = _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--out", str(tmp_path / "o")]))
+    line = one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu", "--out", str(tmp_path / "o")]))
     assert "does not fit" in line and "GiB" in line
 
 
 def test_multi_gpu_layout_exits_2(tmp_path):
     plan = Plan(SMALL, 1, 256, 2, Layout(tp=2), get_policy("store_all"), "a800-80gb", PRED, LT)
     p = write_plan(plan, tmp_path / "tp2.json")
-    line = _one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu"]))
+    line = one_error_line(CliRunner().invoke(cli, ["run", str(p), "--device", "cpu"]))
     assert "uses 2 devices" in line and "--nproc 2" in line
 
 
 def test_missing_plan_file_exits_2(tmp_path):
-    assert "no such plan file" in _one_error_line(CliRunner().invoke(cli, ["run", str(tmp_path / "nope.json")]))
+    assert "no such plan file" in one_error_line(CliRunner().invoke(cli, ["run", str(tmp_path / "nope.json")]))
 
 
 def test_trace_target_picks_the_backend_auto_resolves_to(tmp_path):
@@ -238,7 +230,7 @@ def test_a_plan_of_several_nodes_is_told_how_to_launch_on_them(tmp_path):
         assert f"uses {plan.gpus} devices: run it with --nproc {plan.gpus} on this machine" in \
             multi_device_words(plan, "p.json", kind)
     path = write_plan(p16, tmp_path / "p16.json")  # the command says it in one line
-    line = _one_error_line(CliRunner().invoke(cli, ["run", str(path), "--device", "cpu", "--out", str(tmp_path / "o")]))
+    line = one_error_line(CliRunner().invoke(cli, ["run", str(path), "--device", "cpu", "--out", str(tmp_path / "o")]))
     assert "--nproc 16 on this machine" in line, line
 
 

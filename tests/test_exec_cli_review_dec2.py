@@ -20,6 +20,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.plan.schema import write_plan
 from memo_sim.policy import get_policy
 from tests.exec_helpers import make_plan, time_limit
+from tests.cli_run import one_error_line
 
 SMALL = ModelConfig("cli-test", 4, 64, 4, 256, vocab=128)
 BAD_SPELLINGS = ["cuda:abc", "cudax", "cuda:-1", "cuda:", "cuda:01", "cuda:1.0", "CPU", "gpu", "cuda:N", ""]
@@ -51,14 +52,6 @@ def no_work(monkeypatch):
 
     for mod, name in ((validate_mod, "plan_set"), (validate_mod, "validate"), (trace_mod, "record_layer_trace")):
         monkeypatch.setattr(mod, name, reached)
-
-
-def _one_error_line(r) -> str:
-    assert r.exit_code == 2, r.output
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
-    assert "Traceback" not in r.output
-    return lines[0]
 
 
 def _validate(tmp_path, *args):
@@ -103,7 +96,7 @@ def test_no_cuda_still_says_so(monkeypatch):
 @pytest.mark.parametrize("name", ["cuda:abc", "cudax", "cuda:-1", "cuda:7"])
 def test_run_refuses_a_bad_device_in_one_line_on_a_cuda_machine(plan_file, tmp_path, fake_cuda, name):
     r = CliRunner().invoke(cli, ["run", plan_file, "--device", name, "--out", str(tmp_path / "o")])
-    line = _one_error_line(r)
+    line = one_error_line(r)
     assert f"--device {name}" in line.replace("'", "")
     assert ("only 2 CUDA device(s)" in line) if name == "cuda:7" else ("auto, cpu, cuda or cuda:N" in line)
     assert not (tmp_path / "o").exists()
@@ -112,7 +105,7 @@ def test_run_refuses_a_bad_device_in_one_line_on_a_cuda_machine(plan_file, tmp_p
 @pytest.mark.parametrize("name", ["cuda:abc", "cudax", "cuda:-1", "bogus"])
 def test_trace_refuses_a_bad_device_listing_meta(plan_file, tmp_path, fake_cuda, no_work, name):
     r = CliRunner().invoke(cli, ["trace", plan_file, "--device", name, "--out", str(tmp_path / "t.json")])
-    line = _one_error_line(r)
+    line = one_error_line(r)
     assert "--device" in line and "meta, auto, cpu, cuda or cuda:N" in line
     assert not (tmp_path / "t.json").exists()
 
@@ -123,7 +116,7 @@ def test_calibrate_refuses_a_bad_device_before_measuring(tmp_path, fake_cuda, mo
 
     monkeypatch.setattr(suite, "run_suite", lambda *a, **kw: pytest.fail("measured"))
     r = CliRunner().invoke(cli, ["calibrate", "--name", "x", "--device", name, "--out-dir", str(tmp_path / "p")])
-    line = _one_error_line(r)
+    line = one_error_line(r)
     assert "--device" in line and "auto, cpu, cuda or cuda:N" in line
 
 
@@ -132,7 +125,7 @@ def test_calibrate_refuses_a_bad_device_before_measuring(tmp_path, fake_cuda, mo
 @pytest.mark.parametrize("name", ["bogus", "cuda:abc", "cuda"])
 def test_validate_refuses_a_bad_device_before_any_plan(tmp_path, no_work, monkeypatch, name):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    line = _one_error_line(_validate(tmp_path, "--device", name))
+    line = one_error_line(_validate(tmp_path, "--device", name))
     assert f"--device {name}" in line.replace("'", "")
     assert ("no CUDA device is visible" in line) if name == "cuda" else ("auto, cpu, cuda or cuda:N" in line)
     assert not (tmp_path / "v").exists()
@@ -142,20 +135,20 @@ def test_validate_refuses_a_bad_device_before_any_plan(tmp_path, no_work, monkey
 
 @pytest.mark.parametrize("alphas", ["2", "-0.5", "0.5,nan", "0.25,1.5,sim", "inf"])
 def test_validate_alphas_out_of_range_name_alphas(tmp_path, no_work, alphas):
-    line = _one_error_line(_validate(tmp_path, "--device", "cpu", "--alphas", alphas))
+    line = one_error_line(_validate(tmp_path, "--device", "cpu", "--alphas", alphas))
     assert "--alphas" in line and "[0, 1]" in line and "sim" in line
     assert "--alpha," not in line and "policy.alpha" not in line
 
 
 def test_validate_unknown_policy_names_policies_and_lists_them(tmp_path, no_work):
     # the alphas 0, 1 and sim are taken: the refusal is the policy's
-    line = _one_error_line(_validate(tmp_path, "--device", "cpu", "--alphas", "0,1,sim", "--policies", "memo,bogus"))
+    line = one_error_line(_validate(tmp_path, "--device", "cpu", "--alphas", "0,1,sim", "--policies", "memo,bogus"))
     assert "--policies" in line and "'bogus'" in line
     assert "store_all, full_recompute, full_offload, memo" in line
 
 
 def test_validate_device_auto_is_taken(tmp_path, no_work):
-    line = _one_error_line(_validate(tmp_path, "--device", "auto", "--alphas", "2"))
+    line = one_error_line(_validate(tmp_path, "--device", "auto", "--alphas", "2"))
     assert "--alphas" in line  # past the device check
 
 
@@ -199,7 +192,7 @@ def test_version_as_memo_sim():
 def test_trace_checks_out_before_recording(plan_file, tmp_path, no_work, where):
     (tmp_path / "afile").write_text("x")
     out = "/proc/nope/x.json" if where == "proc" else str(tmp_path / "afile" / "x.json")
-    line = _one_error_line(CliRunner().invoke(cli, ["trace", plan_file, "--out", out]))
+    line = one_error_line(CliRunner().invoke(cli, ["trace", plan_file, "--out", out]))
     assert line.startswith(f"error: --out {out}: cannot write there")
 
 
@@ -207,5 +200,5 @@ def test_trace_checks_out_before_recording(plan_file, tmp_path, no_work, where):
 def test_validate_checks_report_before_any_plan(tmp_path, no_work, where):
     (tmp_path / "afile").write_text("x")
     report = "/proc/nope/x.md" if where == "proc" else str(tmp_path / "afile" / "x.md")
-    line = _one_error_line(_validate(tmp_path, "--device", "cpu", "--report", report))
+    line = one_error_line(_validate(tmp_path, "--device", "cpu", "--report", report))
     assert line.startswith(f"error: --report {report}: cannot write there")

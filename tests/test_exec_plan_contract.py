@@ -17,6 +17,7 @@ pytest.importorskip("torch")
 from memo_exec.cli import cli as exec_cli  # noqa: E402
 from memo_sim.cli import cli as sim_cli  # noqa: E402
 from tests.exec_helpers import time_limit  # noqa: E402
+from tests.cli_run import one_error_line  # noqa: E402
 
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128", "--dtype", "fp32"]
 
@@ -56,13 +57,6 @@ def _without(plan: dict, phase: str, name: str) -> dict:
     return d
 
 
-def _one_error_line(r) -> str:
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.output
-    assert "Traceback" not in r.output
-    return lines[0]
-
-
 def _run(path, out) -> object:
     return CliRunner().invoke(exec_cli, ["run", str(path), "--device", "cpu", "--steps", "1", "--out", str(out)])
 
@@ -75,7 +69,7 @@ def test_every_removed_offset_is_refused_by_both(tmp_path, memo_plan):
         p.write_text(json.dumps(_without(memo_plan, ph, name)))
         sim = CliRunner().invoke(sim_cli, ["check-plan", str(p)])
         ex = _run(p, tmp_path / "out")
-        sim_line, ex_line = _one_error_line(sim), _one_error_line(ex)
+        sim_line, ex_line = one_error_line(sim), one_error_line(ex)
         assert f"memory_plan.phases.{ph}: no offset for 1 tensor(s) of the layer ({name})" in ex_line, ex_line
         assert sim_line.split(": ", 1)[1] in ex_line  # the same problem, in the same words
         assert "--no-memory-plan" in ex_line and not (tmp_path / "out").exists()
@@ -103,7 +97,7 @@ def test_a_plan_traced_from_the_executor_is_checked_against_its_layer(tmp_path, 
         for name in body["offsets"]:
             q = tmp_path / f"{ph}-{name}.json"
             q.write_text(json.dumps(_without(traced_plan, ph, name)))
-            line = _one_error_line(_run(q, tmp_path / "out"))
+            line = one_error_line(_run(q, tmp_path / "out"))
             assert f"memory_plan.phases.{ph}: no offset for 1 tensor(s) of the layer ({name})" in line, line
 
 
@@ -141,7 +135,7 @@ def test_the_run_s_attention_backend_is_the_one_checked(tmp_path, memo_plan):
     r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "traced.json"), "--device", "cpu", "--steps", "1",
                                       "--attention-backend", "sdpa_flash", "--out", str(tmp_path / "run")])
     assert r.exit_code == 0, r.output
-    line = _one_error_line(_run(tmp_path / "traced.json", tmp_path / "run2"))
+    line = one_error_line(_run(tmp_path / "traced.json", tmp_path / "run2"))
     assert "no offset for" in line and "re-trace the plan with memo-exec trace --write-plan" in line, line
 
 
@@ -174,8 +168,8 @@ def test_every_removed_offset_of_a_pipelined_plan_is_refused_by_both(tmp_path, p
         del body["offsets"][name]
         p = tmp_path / "cut.json"
         p.write_text(json.dumps(d))
-        sim_line = _one_error_line(CliRunner().invoke(sim_cli, ["check-plan", str(p)]))
-        ex_line = _one_error_line(CliRunner().invoke(exec_cli, ["run", str(p), "--nproc", "2", "--device", "cpu",
+        sim_line = one_error_line(CliRunner().invoke(sim_cli, ["check-plan", str(p)]))
+        ex_line = one_error_line(CliRunner().invoke(exec_cli, ["run", str(p), "--nproc", "2", "--device", "cpu",
                                                                 "--steps", "1", "--out", str(tmp_path / "out")]))
         want = (f"memory_plan.phases.{key}: no offset for 1 tensor(s) of the layer ({name})" if part == "phases"
                 else f"memory_plan.stages[{key}].offsets: no offset for 1 block(s) of the rank's micro-batches ({name})")
@@ -193,7 +187,7 @@ def test_a_plan_whose_profile_does_not_load_is_refused_as_check_plan_refuses_it(
     sim = CliRunner().invoke(sim_cli, ["check-plan", str(f)])
     run = CliRunner().invoke(exec_cli, ["run", str(f), "--device", "cpu", "--steps", "1", "--out", str(tmp_path / "o")])
     assert sim.exit_code == 2 and run.exit_code == 2, (sim.output, run.output)
-    assert _one_error_line(run).startswith(_one_error_line(sim)) and "or give --profile" in run.output, run.output
+    assert one_error_line(run).startswith(one_error_line(sim)) and "or give --profile" in run.output, run.output
     assert not (tmp_path / "o").exists()
     ok = CliRunner().invoke(exec_cli, ["run", str(f), "--device", "cpu", "--steps", "1", "--profile", "a800-80gb",
                                        "--out", str(tmp_path / "o")])
@@ -207,5 +201,5 @@ def test_a_plan_of_an_unknown_framework_is_refused_by_both(tmp_path, memo_plan):
     f.write_text(json.dumps(dict(memo_plan, framework="jax")))
     sim = CliRunner().invoke(sim_cli, ["check-plan", str(f)])
     run = _run(f, tmp_path / "o")
-    assert _one_error_line(sim) == _one_error_line(run), (sim.output, run.output)
+    assert one_error_line(sim) == one_error_line(run), (sim.output, run.output)
     assert "framework: 'jax' is not a framework memo knows; write one of any, " in sim.output

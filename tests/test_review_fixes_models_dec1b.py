@@ -9,7 +9,6 @@ import pytest
 from click.testing import CliRunner
 
 from memo_sim.cli import cli
-from memo_sim.errors import MemoError
 from memo_sim.export import export_plan
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import EXPERT_FIELDS, PRESETS, ModelConfig, get_model, model_from_file, with_overrides
@@ -17,6 +16,7 @@ from memo_sim.model.hf_config import hf_model_fields, language_model
 from memo_sim.plan.schema import Plan
 from memo_sim.policy import get_policy
 from memo_sim.tp.metp import METP
+from tests.cli_run import one_error
 
 HF = Path(__file__).parent / "data" / "hf"
 
@@ -25,14 +25,6 @@ def _hf(name: str, drop: tuple = (), **over) -> dict:
     """A shipped config.json's decoder (Llama 4's text_config) without the keys ``drop``, with ``over`` on it."""
     raw = {**language_model(json.loads((HF / name / "config.json").read_text()))[0], **over}
     return {k: v for k, v in raw.items() if k not in drop}
-
-
-def _one_line(call) -> str:
-    with pytest.raises(MemoError) as e:
-        call()
-    msg = str(e.value)
-    assert "\n" not in msg, msg
-    return msg
 
 
 def _write(tmp_path, name: str, fields: dict) -> Path:
@@ -59,10 +51,10 @@ def test_presets_state_the_rotary_base_and_epsilon_of_their_config_json():
 
 # 2: --kv-heads on a latent-attention model renamed it and held its layouts to K/V heads the cost never had
 def test_kv_heads_is_refused_under_latent_attention(tmp_path):
-    msg = _one_line(lambda: with_overrides(get_model("deepseek-v2-lite"), kv_heads=8))
+    msg = one_error(lambda: with_overrides(get_model("deepseek-v2-lite"), kv_heads=8))
     assert msg.startswith("--kv-heads 8: deepseek-v2-lite has multi-head latent attention") and "leave" in msg, msg
     fields = {**get_model("deepseek-v2-lite").to_dict(), "name": "mla", "kv_heads": 2}
-    msg = _one_line(lambda: model_from_file(_write(tmp_path, "mla.json", fields)))
+    msg = one_error(lambda: model_from_file(_write(tmp_path, "mla.json", fields)))
     assert "kv_heads (2) with kv_lora_rank (512)" in msg and "leave kv_heads out" in msg, msg
     r = CliRunner().invoke(cli, ["whatif", "--model", "deepseek-v2-lite", "--kv-heads", "1", "--tp", "2",
                                  "--gpus", "8", "--seq", "16K", "--no-plan"])
@@ -93,7 +85,7 @@ def test_full_metp_check_is_the_executors_rule():
 def test_swiglu_limit_needs_a_swiglu_ffn(tmp_path):
     fields = {"name": "t", "layers": 2, "hidden": 256, "heads": 4, "ffn": 512, "ffn_type": "gelu",
               "swiglu_limit": 7.0}
-    msg = _one_line(lambda: model_from_file(_write(tmp_path, "t.json", fields)))
+    msg = one_error(lambda: model_from_file(_write(tmp_path, "t.json", fields)))
     assert "swiglu_limit (7) clamps GPT-OSS's SwiGLU and ffn_type is gelu" in msg, msg
     assert ModelConfig.from_dict({**fields, "ffn_type": "swiglu"}).swiglu_limit == 7.0
 
@@ -115,7 +107,7 @@ def test_expert_fields_on_a_dense_model_are_refused(tmp_path, field):
     fields = {"name": "t", "layers": 4, "hidden": 256, "heads": 4, "ffn": 512, "ffn_type": "swiglu",
               field: EXPERT_VALUES[field]}
     path = _write(tmp_path, "t.json", fields)
-    msg = _one_line(lambda: model_from_file(path))
+    msg = one_error(lambda: model_from_file(path))
     assert msg.startswith(f"{path}: {field}: it describes experts and the model has none"), msg
     if field not in ("dense_period", "router_groups", "router_group_topk"):  # those need a partner field
         assert model_from_file(_write(tmp_path, "moe.json", {"top_k": 2, **fields, "experts": 4})).moe
@@ -155,7 +147,7 @@ def test_a_refusal_names_the_config_jsons_key(tmp_path, folder, key, value, hint
     (tmp_path / folder).mkdir()
     raw = json.loads((HF / folder / "config.json").read_text())
     _write(tmp_path / folder, "config.json", {**raw, key: value})
-    msg = _one_line(lambda: model_from_file(tmp_path / folder))
+    msg = one_error(lambda: model_from_file(tmp_path / folder))
     assert f"(in the config.json: {hint})" in msg, msg
 
 
@@ -173,5 +165,5 @@ def test_notes_keep_whole_sentences_the_wrappers_first(tmp_path):
 
 # 9: a near name of another release was offered the preset without saying which release it is
 def test_a_near_name_says_which_release_the_preset_is():
-    msg = _one_line(lambda: get_model("mistral-7b-v0.1"))
+    msg = one_error(lambda: get_model("mistral-7b-v0.1"))
     assert "did you mean 'mistral-7b' (mistral-7b-v0.3: vocab 32768, no sliding window;" in msg, msg
