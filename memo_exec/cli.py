@@ -22,13 +22,13 @@ import sys
 import click
 
 from memo_exec.errors import ExecError, user_errors
+from memo_exec.device_forms import AUTO_WORDS, DEVICE_FORMS, TRACE_FORMS, device_forms_text
 from memo_exec.speed_probe import SPEED_DRIFT_LIMIT
 from memo_sim.errors import guarded, parsed_or_one_line, usage_line
 from memo_sim.plan.schema import ATTENTION_BACKENDS as BACKENDS  # the names only: memo_exec.attention imports torch
 
 # the --device spellings each command takes (`memo_exec.device.check_device_name`; N: a GPU index, 0, 1, ...)
-RUN_DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # run, validate (and calibrate: memo_exec.device.DEVICE_FORMS)
-TRACE_DEVICES = ("meta", "auto", "cpu", "cuda", "cuda:N")
+RUN_DEVICES, TRACE_DEVICES = DEVICE_FORMS, TRACE_FORMS  # run, validate and calibrate; trace (`device_forms`)
 
 
 class _ExecGroup(click.Group):
@@ -88,7 +88,7 @@ def cli() -> None:
              "torchrun --nproc-per-node N -m memo_exec run plan.json (--device cpu: gloo).")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--device", default=None,
-              help="auto, cpu, cuda or cuda:N (N: a GPU index, 0, 1, ...); default auto: cuda if available, else cpu")
+              help=f"{device_forms_text(DEVICE_FORMS)}; {AUTO_WORDS}")
 @click.option("--steps", default=3, show_default=True, type=int, help="training steps (step 0 is a warm-up)")
 @click.option("--out", "out_dir", default="exec_out", show_default=True, type=click.Path(file_okay=False),
               help="folder for measured.json, trace.json and report.md (written there when the run is done)")
@@ -422,7 +422,7 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
     tr.write_json(out_file)
     click.echo(f"wrote {out_file}: {len(tr)} buffers, max live {tr.max_live_bytes() / 2**20:.1f} MiB")
     if cuda_history:
-        ct = record_cuda_history(plan, device if device != "meta" else "cuda", dtype, attention_backend)
+        ct = record_cuda_history(plan, "cuda" if device in ("meta", "auto") else device, dtype, attention_backend)
         ct.write_json(cuda_history)
         click.echo(f"wrote {cuda_history}: {len(ct)} caching-allocator blocks")
     if write_plan:
@@ -442,7 +442,8 @@ def _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan) ->
     if cuda_history:
         import torch  # noqa: PLC0415
 
-        on = device if device != "meta" else "cuda"
+        on = "cuda" if device == "meta" else ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" \
+            else device  # auto: cuda where there is one (a review: auto was refused on a GPU machine too)
         if not on.startswith("cuda"):
             raise ExecError(f"--cuda-history records the CUDA caching allocator: it needs --device cuda (or meta, "
                             f"then recorded on cuda), not {device}; give --device cuda or drop --cuda-history")
@@ -498,7 +499,7 @@ def _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan) ->
 @click.option("--budget", "budget_s", default=None, type=click.FloatRange(min=1.0),
               help="seconds for all the runs; each gets a timeout from what is left (default: no limit)")
 @click.option("--device", default=None,
-              help="auto, cpu, cuda or cuda:N (N: a GPU index, 0, 1, ...); default auto: cuda if available, else cpu")
+              help=f"{device_forms_text(DEVICE_FORMS)}; {AUTO_WORDS}")
 @click.option("--steps", default=5, show_default=True, type=click.IntRange(1, 100),
               help="training steps per plan; step 0 is a warm-up, the others give the median")
 @click.option("--out", "out_dir", default="validation_out", show_default=True, type=click.Path(file_okay=False),

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from memo_exec.errors import ExecError
+from memo_exec.device_forms import DEVICE_FORMS, device_forms_text  # noqa: F401 - re-exported
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 
@@ -42,15 +43,7 @@ class DeviceSpec:
         return f"cpu ({os.cpu_count()} cores, torch {torch.__version__})"
 
 
-# the spellings of --device `resolve_device` takes (`memo-exec trace` adds meta); N: a GPU index, 0, 1, ...
-DEVICE_FORMS = ("auto", "cpu", "cuda", "cuda:N")
 _CUDA = re.compile(r"cuda(?::(0|[1-9][0-9]*))?")  # torch.device refuses "cuda:01"
-
-
-def device_forms_text(forms: tuple[str, ...] = DEVICE_FORMS) -> str:
-    """``forms`` as the words of a --device help or error ("auto, cpu, cuda or cuda:N (N: a GPU index ...)")."""
-    words = f"{', '.join(forms[:-1])} or {forms[-1]}" if len(forms) > 1 else forms[0]
-    return words + (" (N: a GPU index, 0, 1, ...)" if "cuda:N" in forms else "")
 
 
 def check_device_name(name: str, forms: tuple[str, ...] = DEVICE_FORMS) -> None:

@@ -78,8 +78,8 @@ def estimate_iteration(model: ModelConfig | str, layout: Layout, batch: int, seq
     of at least 1 that `check_layout` accepts for the model on ``layout.gpus`` GPUs of the profile's nodes, without
     pipeline stages (`estimate_pipeline` prices those), and a policy that runs the model and layout in the single
     stage. Anything else raises one `MemoError` naming the argument and the fix."""
-    model, policy, profile = entry_arguments("estimate_iteration", model, layout, batch, seq, policy, profile,
-                                             micro_batch)
+    model, layout, batch, seq, policy, profile, micro_batch = entry_arguments(
+        "estimate_iteration", model, layout, batch, seq, policy, profile, micro_batch)
     mb = batch if micro_batch is None else micro_batch
     if batch % mb:
         raise MemoError(f"estimate_iteration: micro_batch = {mb} does not divide batch = {batch}; give a divisor of "

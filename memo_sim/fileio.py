@@ -68,7 +68,8 @@ def write_target(path: str | os.PathLike) -> tuple[Path, str | None]:
 
 
 def check_output_file(path: str | os.PathLike, field: str, fix: str = "") -> Path:
-    """Refuse, before any work and writing nothing, an output file that `atomic_write_bytes` could not write: one
+    """Refuse, before any work and writing nothing (as root, an empty probe file made and removed in the first
+    existing folder on the way, `_root_can_create_in`), an output file that `atomic_write_bytes` could not write: one
     line naming ``field`` (the option, e.g. ``--report``) and the fix (``fix`` added to it, e.g. "or pass
     --no-record"): a target that is not a regular file (`write_target`), or a folder on the way that is a file or
     that this process cannot write in (``os.access``: no permission, or a read-only mount). Returns the file a write

@@ -106,3 +106,9 @@ def parse_token_budget(text: str, field: str = "--train-tokens") -> int:
     if not (1 <= value <= 1e18):
         raise MemoError(f"{field}: must lie between 1 and 1e18 tokens, got {text!r}")
     return int(value)
+
+
+def tokens_cap_fix() -> str:
+    """The fix a count of tokens past `MAX_TOKENS` is refused with, in the library's words (`memo_sim.api`'s
+    entries and `WhatifRequest`)."""
+    return f"give at most {fmt_count(MAX_TOKENS)} tokens (the command's limit: more is a typo, not a sequence)"

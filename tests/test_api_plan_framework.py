@@ -16,3 +16,11 @@ def test_best_to_plan_names_the_requests_framework():
         assert ans.best.to_plan().framework == fw == ans.plans()["plan.json"].framework
         if ans.memo_best is not None:  # memo's own best beside a named framework is memo's (`any`)
             assert ans.memo_best.to_plan().framework == "any"
+
+
+def test_rank_alone_names_the_framework_too():
+    """`memo_sim.api.rank` (the search without the answer around it) made plans named ``any`` under
+    framework="megatron" (a review): the framework is stamped where the candidates are made."""
+    model = replace(api.get_model("gpt-7b"), layers=2)
+    best = api.rank(model, 8192, 8, api.load_profile("a800-80gb"), framework="megatron").best
+    assert best.to_plan().framework == "megatron"

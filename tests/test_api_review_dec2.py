@@ -179,7 +179,6 @@ def test_a_request_takes_a_models_name_or_file(tmp_path):
     (dict(allocator="bogus"), "WhatifRequest: allocator must be one of"),
     (dict(dp_mode="bogus"), "WhatifRequest: dp_mode='bogus': "),
     (dict(rank_order="bogus"), "WhatifRequest: rank_order='bogus': "),
-    (dict(policies="bogus"), "policy 'bogus' unknown; choose one of"),  # the registry's words: no option named
     (dict(tp_mode="bogus"), "WhatifRequest: tp_mode='bogus' unknown"),
 ])
 def test_the_whatifs_refusals_name_the_requests_fields(over, says):
@@ -248,3 +247,23 @@ def test_the_requests_docstring_states_its_units():
 def test_whatif_refuses_what_is_not_a_request():
     text = one_error(lambda: api.whatif({"model": "gpt-7b", "seq": 4096}))
     assert text.startswith("whatif: request is a dict, not a WhatifRequest"), text
+
+
+def test_numpy_integers_are_whole_numbers_as_before():
+    """A sweep over ``np.arange`` passed numpy integers, which `simulate` and `estimate_iteration` priced before the
+    argument checks; the checks refused them as not whole (a review). They are taken, as Python's integers."""
+    import numpy as np
+
+    m = api.get_model("gpt-7b")
+    lay = api.Layout(tp=np.int64(8))
+    plain = api.simulate(m, api.Layout(tp=8), 1, 4096, STORE, A800)
+    got = api.simulate(m, lay, np.int64(1), np.int64(4096), STORE, A800)
+    assert got.status == plain.status == "OK" and got.iteration_s == plain.iteration_s
+    est = api.estimate_iteration(m, lay, np.int64(1), np.int64(4096), STORE, A800)
+    assert est.iteration_s == api.estimate_iteration(m, api.Layout(tp=8), 1, 4096, STORE, A800).iteration_s
+
+
+def test_an_unknown_policy_names_the_field():
+    """The registry's words ("policy 'bogus' unknown") named no field of the request (a review)."""
+    text = one_error(lambda: api.WhatifRequest(model=TOY, seq=4096, gpus=8, profile=A800, policies=("memo", "bogus")))
+    assert text.startswith("WhatifRequest.policies = ") and "policy 'bogus' unknown; choose from" in text, text

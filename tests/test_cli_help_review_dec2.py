@@ -96,7 +96,14 @@ def test_models_and_profiles_answer_in_every_format(cmd, key):
     assert data and all("name" in row for row in data) and any(key in row for row in data)
     assert {row["name"] for row in data} <= set(table.stdout.split())  # the same rows as the table
     csv = CliRunner().invoke(cli, [cmd, "--format", "csv"]).stdout
-    assert csv.splitlines()[0].startswith("name,")
+    head, *rows = [line.split(",") for line in csv.splitlines() if line and not line.startswith("#")]
+    assert head[0] == "name"
+    if cmd == "models":  # exact parameter counts, never "6.65" under a "(bytes)" header (a review)
+        assert "params" in head and not any("bytes" in h for h in head), head
+        by_name = {r[0]: r for r in rows}
+        assert int(by_name["gpt-7b"][head.index("params")]) == next(r["params"] for r in data if r["name"] == "gpt-7b")
+    else:
+        assert int(float([r for r in rows if r[0] == "a800-80gb"][0][head.index("gpus/node")])) == 8
 
 
 def test_check_plan_warns_of_a_memo_plan_without_its_memory_plan(tmp_path):

@@ -63,10 +63,13 @@ def _provenance_word(p) -> str:
 def models(out_format, as_json):
     """List the model presets (a Hugging Face config.json of a dense decoder or of a mixture of experts of the
     families the README lists works too: --model PATH)."""
+    fmt = resolve_format(out_format, as_json)
+    # parameters: 6.65B in the table; a CSV cell the exact count (a CSV reads "6.65B" as 6.65 bytes: a review)
+    count = fmt_params if fmt != "csv" else str
     rows = [[m.name, str(m.layers), str(m.hidden), str(m.heads), str(m.n_kv_heads), str(m.ffn), m.ffn_type,
              m.norm, m.bias, "yes" if m.tied_embeddings else "no", str(m.vocab),
-             f"{m.experts} top-{m.top_k}" if m.moe else "-", fmt_params(m.params()),
-             fmt_params(m.active_params()) if m.moe else "-"]
+             f"{m.experts} top-{m.top_k}" if m.moe else "-", count(m.params()),
+             count(m.active_params()) if m.moe else "-"]
             for m in PRESETS.values()]
     data = [{"name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_heads": m.n_kv_heads,
              "ffn": m.ffn, "ffn_type": m.ffn_type, "norm": m.norm, "bias": m.bias,
@@ -80,7 +83,7 @@ def models(out_format, as_json):
                 "many each token reaches; active: the parameters a token passes through (transformers' count: the "
                 "embedding included). llama-7b and llama-70b are the papers' shapes with GPT's norms, biases and tied "
                 "embeddings; llama-2-7b and llama-2-70b are the released models.")
-    emit(answer, resolve_format(out_format, as_json), data)
+    emit(answer, fmt, data)
 
 
 @click.command()

@@ -13,6 +13,7 @@ count them all. ``micro_batch`` (default ``batch``) divides it: the iteration ru
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from typing import Callable, Iterable
 
@@ -58,7 +59,8 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     identical layers once where the iteration is periodic (`memo_sim.engine.periodic`).
     SPPO: ``detail`` (ops, units or auto) sets how finely its pipeline is laid out.
     """
-    model, policy, profile = entry_arguments("simulate", model, layout, batch, seq, policy, profile, micro_batch)
+    model, layout, batch, seq, policy, profile, micro_batch = entry_arguments("simulate", model, layout, batch, seq,
+                                                                              policy, profile, micro_batch)
     mb = batch if micro_batch is None else micro_batch
     name = schedule or default_schedule(layout.pp, policy.name)
     why = check_schedule(name, pp=layout.pp, vpp=layout.vpp, layers=model.layers, batch=batch, micro_batch=mb,
@@ -79,13 +81,13 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
 
 
 def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_batch=None):
-    """``(model, policy, profile)`` of a public entry's arguments (`simulate`'s, `memo_sim.api.estimate_iteration`'s),
+    """``(model, layout, batch, seq, policy, profile, micro_batch)`` of a public entry's arguments (`simulate`'s, `memo_sim.api.estimate_iteration`'s),
     checked once per call as a program gives them: a model, policy or profile may be given by name (a preset or
     model file, a policy without an alpha, a profile's name or file), batch, seq and micro_batch are whole numbers of
     at least 1 (sequences, tokens, sequences; seq at most the command's cap), the layout a `Layout` of whole degrees
     of at least 1. Anything else raises one `MemoError` naming ``who``'s argument and what to pass."""
     from memo_sim.model.config import get_model  # noqa: PLC0415
-    from memo_sim.units import MAX_TOKENS, fmt_count  # noqa: PLC0415
+    from memo_sim.units import MAX_TOKENS, tokens_cap_fix  # noqa: PLC0415
 
     def bad(name: str, value, fix: str) -> MemoError:
         return MemoError(f"{who}: {name} = {value!r}: {fix}")
@@ -98,14 +100,14 @@ def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_
         raise bad("layout", layout, "give a Layout (memo_sim.api.Layout(tp=8, ...))")
     for f in ("tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp"):
         v = getattr(layout, f)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:  # numpy's integers too
             raise bad(f"layout.{f}", v, "give a whole number of at least 1")
-    if isinstance(layout.zero, bool) or layout.zero not in (0, 1, 2, 3):
+    if isinstance(layout.zero, bool) or not isinstance(layout.zero, numbers.Integral) or layout.zero not in (0, 1, 2, 3):
         raise bad("layout.zero", layout.zero, "give a ZeRO stage 0 to 3")
     for name, v in (("batch", batch), ("seq", seq), ("micro_batch", micro_batch)):
         if v is None and name == "micro_batch":
             continue
-        if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             raise bad(name, v, "give a whole number of at least 1 (" + ("tokens" if name == "seq" else "sequences")
                       + ("; None: the whole batch)" if name == "micro_batch" else ")"))
     if batch < 1 or seq < 1:
@@ -114,7 +116,7 @@ def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_
     if micro_batch is not None and micro_batch < 1:
         raise bad("micro_batch", micro_batch, "give a whole number of at least 1, or None for the whole batch")
     if seq > MAX_TOKENS:
-        raise bad("seq", seq, f"give at most {fmt_count(MAX_TOKENS)} tokens (the command's limit)")
+        raise bad("seq", seq, tokens_cap_fix())
     if isinstance(policy, str):
         if policy_class(policy).takes_alpha:
             raise bad("policy", policy, f"{policy} takes an alpha: pass memo_sim.api.get_policy({policy!r}, alpha) "
@@ -129,7 +131,14 @@ def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_
         profile = load_profile(profile)
     elif not isinstance(profile, HardwareProfile):
         raise bad("profile", profile, "give a HardwareProfile (memo_sim.api.load_profile) or a profile's name")
-    return model, policy, profile
+    ints = {f: int(getattr(layout, f)) for f in ("tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp", "zero")
+            if type(getattr(layout, f)) is not int}  # numpy's integers as Python's, as the layout's checks take them
+    if ints:
+        from dataclasses import replace  # noqa: PLC0415
+
+        layout = replace(layout, **ints)
+    return (model, layout, int(batch), int(seq), policy, profile,
+            None if micro_batch is None else int(micro_batch))
 
 
 def sweep_alpha(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,

@@ -143,8 +143,8 @@ def _device_panels(timeline: Timeline, device: int, layers: tuple[int, int]):
     events = [e for e in timeline.events if e.device == device]
     if not events:
         have = sorted({e.device for e in timeline.events})
-        raise MemoError(f"--device {device}: the timeline has no events on that device; it has devices "
-                        f"{', '.join(map(str, have)) or 'none'}")
+        raise MemoError(f"the timeline has no events on device {device}; it has device"
+                        f"{'s' if len(have) != 1 else ''} {', '.join(map(str, have)) or 'none'}")
     windows = [(name, w) for name, w in (("forward", _window(events, layers, FWD_PHASES)),
                                          ("backward", _window(events, layers, BWD_PHASES))) if w]
     if not windows:

@@ -4,7 +4,7 @@
 `WhatifRequest` holds the question: the model, sequence, cluster and profile, the degrees and
 options that fix parts of the search, and tier 2's settings. `answer_whatif` ranks it
 (`memo_sim.search.whatif.rank`), adds the named framework's comparison with memo's best and the
-advice when nothing fits; `WhatifAnswer.plans` builds the plans to write (`build_plan`, memory
+advice when nothing fits; `WhatifAnswer.plans` builds the plans to write (`Candidate.to_plan`, memory
 plan included). A new option is one field here (with its default: "not fixed") and, for the
 command, one click option of the same name; an option that narrows the searched space is also
 named in `FIXING` (`candidates_for`'s keywords), a setting of the search itself is passed on by
@@ -29,7 +29,6 @@ from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.errors import MemoError
 from memo_sim.frameworks import mechanism_changes
 from memo_sim.search.frameworks import get_framework
-from memo_sim.search.plan_build import build_plan
 from memo_sim.search.whatif import (NO_VALID_LAYOUT, WhatIfResult, candidates_for, not_searched, rank,
                                     simulate_variant)
 
@@ -62,7 +61,8 @@ _OTHER_WORDS = {
     "--layers/--hidden/...": "a ModelConfig", "--decoder-first/last-pipeline-num-layers":
     "first_stage_layers/last_stage_layers", "--model": "model", "--profile": "profile",
     **{f"--{f.replace('_', '-')}": f"model.{f}" for f in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn",
-                                                          "vocab", "dtype", "mtp_layers", "precision")},
+                                                          "vocab", "dtype", "mtp_layers")},
+    "--precision": "model.precision or model.gemm_format",  # --precision RECIPE,FORMAT sets both (a review)
 }
 
 
@@ -82,7 +82,26 @@ def in_request_words(message: str) -> str:
     """``message`` (an error the search raises in `memo-sim whatif`'s words) with the command's options named as the
     request's fields: ``--tp 3 does not divide the 8 GPUs of --gpus`` reads ``tp=3 does not divide the 8 GPUs of
     gpus``, ``--schedule 'bogus' unknown`` ``schedules='bogus' unknown``; a message that names an option gets the
-    prefix ``WhatifRequest: ``. Other tools' flags (Megatron-LM's ``--micro-batch-size``) are left as they are."""
+    prefix ``WhatifRequest: ``. Other tools' flags (Megatron-LM's ``--micro-batch-size``) are left as they are, and so
+    is a command the message tells the user to run (``memo-sim whatif --seq 128K ...``, or anything in backticks): a
+    review found such a command rewritten into one that does not run."""
+    out, pos, named = [], 0, False
+    for m in _COMMAND_TEXT.finditer(message):
+        text, n = _fields_for_flags(message[pos:m.start()])
+        out += [text, m.group(0)]
+        named, pos = named or n > 0, m.end()
+    text, n = _fields_for_flags(message[pos:])
+    text = "".join(out) + text
+    return f"WhatifRequest: {text}" if (named or n > 0) and not text.startswith("WhatifRequest") else text
+
+
+# a command line inside a message (run as written, so never rewritten): backticks, or memo-sim / memo-exec to the
+# end of its clause
+_COMMAND_TEXT = re.compile(r"`[^`]*`|\bmemo-(?:sim|exec)\b[^;()]*")
+
+
+def _fields_for_flags(message: str) -> tuple[str, int]:
+    """`in_request_words` of a stretch of text with no command line in it, and how many options it named."""
     words = _flag_words()
     pattern = re.compile(r"(?<![\w-])(" + "|".join(re.escape(f) for f in sorted(words, key=len, reverse=True))
                          + r")(?![\w-])")
@@ -94,7 +113,7 @@ def in_request_words(message: str) -> str:
         if name in FIELD_FLAGS:  # an option taking a value: its value follows where one does
             t = re.match(r" ('[^']*'|\"[^\"]*\"|[^\s;,()]+)", message[pos:])
             tok = t.group(1) if t else ""
-            colon = tok.endswith(":") and len(tok) > 1
+            colon = tok.endswith((":", ".")) and len(tok) > 1  # a value ending a clause or a sentence
             bare = tok[:-1] if colon else tok
             if known is None:
                 known = _choice_words()
@@ -105,15 +124,14 @@ def in_request_words(message: str) -> str:
             else:
                 value = None
             if value is not None:
-                out.append(f"{name}={value}" + (":" if colon else ""))
+                out.append(f"{name}={value}" + (tok[-1] if colon else ""))
                 pos += t.end()
                 continue
         if name in _ONE_OF and out[-1].endswith("another "):  # "choose another --policy": one name of the list
             name = f"{_ONE_OF[name]} in {name}"
         out.append(name)
     out.append(message[pos:])
-    text = "".join(out)
-    return f"WhatifRequest: {text}" if len(out) > 1 and not text.startswith("WhatifRequest") else text
+    return "".join(out), len(out) - 1
 
 
 def _choice_words() -> set[str]:
@@ -220,7 +238,7 @@ class WhatifRequest:
         """A request built by a program is checked as the command's options are: a `MemoError` naming the field
         and the fix (``seq=0`` raised 'math domain error' deep in the search, ``seq="128K"`` a TypeError, a profile
         name an AttributeError). A profile may be given by name, a sequence as the command writes it ("128K")."""
-        from memo_sim.units import MAX_TOKENS, fmt_count, parse_count  # noqa: PLC0415
+        from memo_sim.units import MAX_TOKENS, parse_count, tokens_cap_fix  # noqa: PLC0415
 
         def bad(name: str, fix: str) -> MemoError:
             return MemoError(f"WhatifRequest.{name} = {getattr(self, name)!r}: {fix}")
@@ -241,8 +259,7 @@ class WhatifRequest:
         if isinstance(self.seq, str):
             object.__setattr__(self, "seq", parse_count(self.seq, "WhatifRequest.seq"))
         if isinstance(self.seq, int) and not isinstance(self.seq, bool) and self.seq > MAX_TOKENS:
-            raise bad("seq", f"give at most {fmt_count(MAX_TOKENS)} tokens (the command's limit: more is a typo, not a "
-                             f"sequence)")
+            raise bad("seq", tokens_cap_fix())
         for name in ("seq", "gpus", "jobs", "batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp",
                      "pp", "vpp", "ep", "etp", "subseqs", "first_stage_layers", "last_stage_layers"):
             v = getattr(self, name)
@@ -264,6 +281,12 @@ class WhatifRequest:
         for name in ("policies", "schedules"):
             if not all(isinstance(x, str) for x in getattr(self, name)):
                 raise bad(name, "give names (strings), e.g. ('memo', 'full_recompute')")
+        from memo_sim.policy import policy_names  # noqa: PLC0415
+
+        asked = (self.policies,) if isinstance(self.policies, str) else self.policies
+        unknown = [x for x in asked if x not in policy_names()]
+        if unknown:  # the registry's own words name no field (a review)
+            raise bad("policies", f"policy {unknown[0]!r} unknown; choose from {', '.join(policy_names())}")
         if self.zero is not None and (isinstance(self.zero, bool) or self.zero not in (0, 1, 2, 3)):
             raise bad("zero", "give a ZeRO stage 0 to 3, or None to search it")
         if self.alpha is not None and (isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float))
@@ -335,9 +358,9 @@ class WhatifAnswer:
         """The plans to write, by file name: plan.json (the best), plan-sppo.json (`sppo_best`)."""
         out = {}
         if self.best is not None:
-            out["plan.json"] = replace(build_plan(self.best), framework=self.request.framework)
+            out["plan.json"] = self.best.to_plan()  # naming the framework searched for (`Candidate.framework`)
         if self.sppo_best is not None:
-            out["plan-sppo.json"] = replace(build_plan(self.sppo_best), framework=self.request.framework)
+            out["plan-sppo.json"] = self.sppo_best.to_plan()
         return out
 
 
@@ -358,8 +381,6 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
     check_gemm_format(req.model, req.profile)  # ... or for its GEMM format
     result = rank(req.model, req.seq, req.gpus, req.profile, simulate_top=req.simulate_top, progress=progress,
                   allocator_lag=req.allocator_lag, jobs=req.jobs, while_waiting=while_waiting, **req.search_kwargs())
-    for c in result.candidates:  # the framework each plan names (`Candidate.to_plan`); memo's own best below: any
-        c.framework = req.framework
     if not comparisons:
         return WhatifAnswer(req, result, advice=[] if result.best is not None else
                             not_searched(req.gpus, req.searched_policies, req.framework, req.fixed()))

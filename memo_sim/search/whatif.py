@@ -516,6 +516,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                     or default_reason(why_none, rejected, lambda r: framework_why_none(r, fw), cp=cp, ulysses=ulysses))
         raise error(f"{NO_VALID_LAYOUT} for {gpus} GPUs with the degrees given: {why_none}")
     out.sort(key=Candidate.sort_key)
+    for c in out:  # the framework each plan names (`Candidate.to_plan`), for rank's and the what-if's callers alike
+        c.framework = framework
     return WhatIfResult(out, rejected, sppo=search, searched=searched)
 
 
