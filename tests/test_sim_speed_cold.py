@@ -30,5 +30,9 @@ def test_cold_empties_every_lru_cache_of_the_analytic_tier(monkeypatch):
     caches = [obj for name, m in list(sys.modules.items()) if name.startswith("memo_sim.")
               for obj in vars(m).values() if hasattr(obj, "cache_info") and obj.__module__ == name]
     assert caches and any(c.cache_info().currsize for c in caches)
+    from memo_sim.memplan import trace_gen  # named, so the walk cannot pass by missing them
+
+    named = [trace_gen._layer_forward_trace, trace_gen._layer_backward_trace]
+    assert all(f.cache_info().currsize for f in named)
     bench.cold()
-    assert all(c.cache_info().currsize == 0 for c in caches)
+    assert all(c.cache_info().currsize == 0 for c in caches + named)
