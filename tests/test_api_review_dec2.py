@@ -267,3 +267,17 @@ def test_an_unknown_policy_names_the_field():
     """The registry's words ("policy 'bogus' unknown") named no field of the request (a review)."""
     text = one_error(lambda: api.WhatifRequest(model=TOY, seq=4096, gpus=8, profile=A800, policies=("memo", "bogus")))
     assert text.startswith("WhatifRequest.policies = ") and "policy 'bogus' unknown; choose from" in text, text
+
+
+@pytest.mark.parametrize("message, words", [
+    ("re-create the plan with memo-sim whatif --seq 128K --gpus 8", "re-create the plan with memo-sim whatif --seq 128K "
+                                                                    "--gpus 8"),
+    ("give `--seq 128K` or drop --policy memo", "WhatifRequest: give `--seq 128K` or drop policies='memo'"),
+    ("give at most --seq 128K.", "WhatifRequest: give at most seq=128K."),
+])
+def test_a_command_line_in_a_message_is_left_as_written(message, words):
+    """The rewriter turned a command the user is told to run (``memo-sim whatif --seq 128K``) into one that does not
+    run (``memo-sim whatif seq=128K``), and left a value ending a sentence unread (a review)."""
+    from memo_sim.search.request import in_request_words
+
+    assert in_request_words(message) == words
