@@ -92,9 +92,11 @@ def model_options(f):
                      help="Override the model dtype (fp32 for plans run on a CPU profile).")(f)
     f = click.option("--vocab", type=POSITIVE, help="Override the vocabulary size.")(f)
     f = click.option("--ffn", type=POSITIVE, help="Override the FFN width.")(f)
-    f = click.option("--head-dim", type=click.IntRange(min=0), help="Override the query/key head size (0: hidden / heads; a preset's "
+    f = click.option("--head-dim", type=click.IntRange(min=0),
+                     help="Override the query/key head size (0: hidden / heads; a preset's "
                                                   "own, e.g. Qwen3's 128, is kept otherwise).")(f)
-    f = click.option("--kv-heads", type=POSITIVE, help="Override the K/V heads (grouped-query attention; they divide the "
+    f = click.option("--kv-heads", type=POSITIVE,
+                     help="Override the K/V heads (grouped-query attention; they divide the "
                                                   "query heads).")(f)
     f = click.option("--heads", type=POSITIVE, help="Override the attention heads.")(f)
     f = click.option("--hidden", type=POSITIVE, help="Override the hidden size (the dense FFN keeps its ratio to it "
@@ -296,8 +298,9 @@ def layout_degree_options(f):
         click.option("--sp/--no-sp", default=None, help="Fix Megatron sequence parallelism on or off."),
         click.option("--tp-mode", default=None, type=click.Choice(list(TP_MODES) + ["all"]),
                      help="Tensor-parallel flavour: Megatron TP, METP for the FFN (metp_ffn), METP for the FFN and "
-                          "the two-level MHA (metp), async TP (async_tp: Megatron TP+SP with its collectives overlapped "
-                          "with the GEMMs, under a framework that runs it: torchtitan, compiled), or all of them ranked together "
+                          "the two-level MHA (metp), async TP (async_tp: Megatron TP+SP with its collectives "
+                          "overlapped with the GEMMs, under a framework that runs it: torchtitan, compiled), or all "
+                          "of them ranked together "
                           "(default: all; megatron when --tp is given, so --tp 8 asks about Megatron TP8)."),
     )):
         f = deco(f)

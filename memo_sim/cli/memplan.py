@@ -71,7 +71,7 @@ def memplan(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, d
         if csv_file or trace_file:
             result, drawings = _plan_file(csv_file, trace_file, profile, _profile_given(), time_limit, solver, say)
             placement = [(b.id, int(result["offsets"][b.id]), b.size) for b in drawings[0][1].buffers]
-            result["sizes"] = {bid: size for bid, _off, size in placement}  # --json: each buffer's size beside its offset
+            result["sizes"] = {bid: size for bid, _off, size in placement}  # --json: each size beside its offset
         else:
             placement = None
             model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, kv_heads, head_dim,

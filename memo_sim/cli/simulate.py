@@ -353,7 +353,8 @@ def _framework_policies(plan) -> tuple[str, ...]:
 @click.command("sweep-seq")
 @click.argument("plan_file", type=click.Path(dir_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
-@click.option("--seqs", default="64K,128K,256K,512K,1M", show_default=True, help="Comma-separated sequence lengths in tokens (32768, 32K, 1M).")
+@click.option("--seqs", default="64K,128K,256K,512K,1M", show_default=True,
+              help="Comma-separated sequence lengths in tokens (32768, 32K, 1M).")
 @click.option("--profile", "profile_override", default=None, help="Hardware profile (default: the plan's).")
 @click.option("--tp-mode", "tp_modes", default=None,
               help="Comma-separated tensor-parallel flavours the plan's framework runs (memo's own: megatron, "

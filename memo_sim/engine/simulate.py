@@ -80,8 +80,12 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
                                  record=record, allocator_lag=allocator_lag, detail=detail, fold=fold)
 
 
+_DEGREES = ("tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp")  # a layout's degrees: whole numbers, 1 at least
+
+
 def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_batch=None):
-    """``(model, layout, batch, seq, policy, profile, micro_batch)`` of a public entry's arguments (`simulate`'s, `memo_sim.api.estimate_iteration`'s),
+    """``(model, layout, batch, seq, policy, profile, micro_batch)`` of a public entry's arguments (`simulate`'s,
+    `memo_sim.api.estimate_iteration`'s),
     checked once per call as a program gives them: a model, policy or profile may be given by name (a preset or
     model file, a policy without an alpha, a profile's name or file), batch, seq and micro_batch are whole numbers of
     at least 1 (sequences, tokens, sequences; seq at most the command's cap), the layout a `Layout` of whole degrees
@@ -98,11 +102,12 @@ def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_
         raise bad("model", model, "give a ModelConfig (memo_sim.api.get_model), a preset's name or a model file's path")
     if not isinstance(layout, Layout):
         raise bad("layout", layout, "give a Layout (memo_sim.api.Layout(tp=8, ...))")
-    for f in ("tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp"):
+    for f in _DEGREES:
         v = getattr(layout, f)
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:  # numpy's integers too
             raise bad(f"layout.{f}", v, "give a whole number of at least 1")
-    if isinstance(layout.zero, bool) or not isinstance(layout.zero, numbers.Integral) or layout.zero not in (0, 1, 2, 3):
+    zero = layout.zero
+    if isinstance(zero, bool) or not isinstance(zero, numbers.Integral) or zero not in (0, 1, 2, 3):
         raise bad("layout.zero", layout.zero, "give a ZeRO stage 0 to 3")
     for name, v in (("batch", batch), ("seq", seq), ("micro_batch", micro_batch)):
         if v is None and name == "micro_batch":
@@ -131,7 +136,7 @@ def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_
         profile = load_profile(profile)
     elif not isinstance(profile, HardwareProfile):
         raise bad("profile", profile, "give a HardwareProfile (memo_sim.api.load_profile) or a profile's name")
-    ints = {f: int(getattr(layout, f)) for f in ("tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp", "zero")
+    ints = {f: int(getattr(layout, f)) for f in _DEGREES + ("zero",)
             if type(getattr(layout, f)) is not int}  # numpy's integers as Python's, as the layout's checks take them
     if ints:
         from dataclasses import replace  # noqa: PLC0415

@@ -97,8 +97,9 @@ class Sppo(Policy):
         if self.alphas:
             if len(self.alphas) != n or any(isinstance(a, bool) or not isinstance(a, (int, float))
                                             or not 0.0 <= a <= 1.0 for a in self.alphas):
-                raise MemoError(f"sppo: alphas (policy.alphas in a plan file) must be {n} number{'s' if n != 1 else ''} in "
-                               f"[0, 1], one per subsequence, got {list(self.alphas)!r}")
+                raise MemoError(f"sppo: alphas (policy.alphas in a plan file) must be {n} "
+                                f"number{'s' if n != 1 else ''} in [0, 1], one per subsequence, "
+                                f"got {list(self.alphas)!r}")
 
     # -- the plan ------------------------------------------------------------------------------------
     @property
