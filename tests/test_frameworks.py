@@ -191,6 +191,26 @@ def test_frameworks_command_lists_every_file():
     assert j["megatron@2021"]["mechanisms"]["attention"] == "materialised" and j["megatron@2021"]["sources"]
 
 
+def test_frameworks_list_fits_a_terminal():
+    """The list was one table row per framework, its 'not modelled' cell thousands of columns wide (a review,
+    2026-12-02): now each framework's summary, policies, precision, the mechanisms it runs unlike any's and how
+    many things memo does not model of it, wrapped to 120 columns; `frameworks NAME` keeps the full text."""
+    from memo_sim.frameworks import load_frameworks
+
+    out = CliRunner().invoke(cli, ["frameworks"]).stdout
+    assert max(len(line) for line in out.splitlines()) <= 120
+    fws = load_frameworks()
+    names = list(fws)
+    for i, (name, f) in enumerate(fws.items()):
+        block = ("\n" + out).split(f"\n{name}: ")[1]
+        block = block.split(f"\n{names[i + 1]}: ")[0] if i + 1 < len(names) else block
+        n = len(f.not_modelled)
+        assert (f"not modelled: {n} thing" if n else "not modelled: nothing named") in block, name
+    block = out.split("\nmegatron@2021: ")[1].split("\nmegatron@2022: ")[0]
+    assert "attention=materialised" in block and "grad_overlap=False" in block and "kernel_fusion" not in block
+    assert out.rstrip().endswith("--json: every field")
+
+
 def test_frameworks_name_shows_one_in_full():
     """`memo-sim frameworks NAME` (a user's review, 2026-11-27: the help named `--framework NAME`, which the
     command refused): one version with its layouts and sources; an unknown name is one line, exit 2."""

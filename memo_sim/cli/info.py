@@ -18,7 +18,6 @@ from memo_sim.report.formats import (
     resolve_format,
 )
 from memo_sim.report.peaks import planned_peak
-from memo_sim.report.table import render_table
 from memo_sim.units import fmt_bytes, fmt_count, fmt_time
 
 
@@ -108,11 +107,29 @@ def frameworks(name, as_json):
     if name is not None:
         click.echo("\n".join(framework_lines(fws[name])))
         return
-    rows = [[n, ", ".join(f.policies), ", ".join(f"{k}={v}" for k, v in f.mechanisms),
-             ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "") + ", ".join(f.gemm_formats),
-             "; ".join(f.not_modelled) or "-"] for n, f in fws.items()]
-    click.echo(render_table(["name", "policies", "mechanisms", "precision (recipes; GEMM formats)", "not modelled"],
-                            rows))
+    click.echo("\n".join(line for f in fws.values() for line in _overview_lines(f, fws.get("any"))))
+    click.echo("memo-sim frameworks NAME: one in full (its layouts, mechanisms, what memo does not model, sources); "
+               "--json: every field")
+
+
+def _overview_lines(f, base) -> list[str]:
+    """A framework in the list, wrapped to 120 columns (a review: a one-row-per-framework table ran to thousands of
+    columns): its summary, policies and precision, the mechanisms it runs unlike ``base`` (any's) and how many
+    things memo does not model of it; `framework_lines` gives it in full."""
+    import textwrap
+
+    ref = dict(base.mechanisms) if base is not None and base is not f else {}
+    unlike = [f"{k}={v}" for k, v in f.mechanisms if ref and ref.get(k) != v]
+    gaps = len(f.not_modelled)
+    body = [f"policies: {', '.join(f.policies)}",
+            "precision: " + ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "")
+            + "GEMM formats " + ", ".join(f.gemm_formats)]
+    if ref:
+        body.append("mechanisms unlike any's: " + (", ".join(unlike) or "none"))
+    body.append(f"not modelled: {plural(gaps, 'thing') if gaps else 'nothing named'}")
+    wrap = lambda text: textwrap.wrap(text, 120, initial_indent="  ", subsequent_indent="    ")  # noqa: E731
+    head = textwrap.wrap(f"{f.name}: {f.summary}", 120, subsequent_indent="    ")
+    return [*head, *(w for b in body for w in wrap(b))]
 
 
 def framework_lines(f) -> list[str]:
