@@ -19,8 +19,11 @@ from memo_sim.policy import Policy, get_policy, policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.request_trace import Buffer, RequestTrace
+from dataclasses import MISSING, fields
+
 from memo_sim.search.estimate import IterationEstimate, estimate_pipeline, memo_alpha
 from memo_sim.search.estimate import estimate_iteration as _estimate_iteration
+from memo_sim.search.maxseq import MAXSEQ_DEGREES, MaxSeqAnswer, max_seq_runs, maxseq_fixed, maxseq_runs_asked
 from memo_sim.search.pipeline import pipeline_memory
 from memo_sim.search.plan_build import attach_memory_plan, build_plan
 from memo_sim.search.plan_check import plan_problems, runnable_problems, traced_by_executor
@@ -33,7 +36,7 @@ from memo_sim.cost.sppo import multiplex_phases, partition_bounds
 from memo_sim.cost.collectives import fit_params as collective_fit_params
 from memo_sim.cost.attention_measured import pricing_words as attention_pricing_words
 from memo_sim.cost.loss_kernels import loss_kernel
-from memo_sim.cost.gemm_format import MIN_CAPABILITY as GEMM_MIN_CAPABILITY
+from memo_sim.cost.gemm_format import MIN_CAPABILITY as GEMM_MIN_CAPABILITY, check_gemm_format
 from memo_sim.timeline import Timeline, TimelineEvent
 from memo_sim.errors import MemoError
 
@@ -44,7 +47,7 @@ __all__ = [
     "attach_memory_plan", "engine_replay", "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
     "policy_names", "rank", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
     "default_jobs", "fold_duplicates", "build_plan", "plan_problems", "runnable_problems", "traced_by_executor",
-    "WhatifAnswer", "WhatifRequest", "answer_whatif", "whatif",
+    "WhatifAnswer", "WhatifRequest", "answer_whatif", "whatif", "MaxSeqAnswer", "max_seq",
     "SCHEDULE_NAMES", "check_schedule", "default_schedule", "estimate_pipeline", "pipeline_memory",
     "registered_schedules", "collective_fit_params", "attention_pricing_words", "loss_kernel",
     "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",
@@ -62,6 +65,46 @@ def whatif(request: WhatifRequest, progress=None) -> WhatifAnswer:
                         f"memo_sim.api.WhatifRequest(model=..., seq=..., gpus=..., profile=...)")
     try:
         return answer_whatif(request, progress=progress)
+    except MemoError as e:  # the search's words are the command's (--tp): the request's fields instead
+        e.args = (in_request_words(str(e)),)
+        raise
+
+
+# the request's fields a maxseq question reads (`memo-sim maxseq`'s options); every other must keep its default
+MAXSEQ_FIELDS = ("model", "seq", "gpus", "profile", "policies", "framework", "allocator", "alloc_conf", "tp_mode",
+                 "moe_dispatcher", "moe_balance", "jobs", *MAXSEQ_DEGREES)
+
+
+def max_seq(request: WhatifRequest, progress=None) -> list[MaxSeqAnswer]:
+    """The answers `memo-sim maxseq` gives, one per policy of ``request.policies`` (default: the framework's that
+    price the model, but sppo) and allocator (``both``: the caching allocator's and a static plan's): the longest
+    multiple of ``request.seq`` tokens (the command's ``--step``) the policy trains on ``request.gpus`` GPUs
+    (``answer.max_seq``; None: not even ``request.seq`` fits), its best plan there (``answer.best``, whose
+    ``to_plan()`` is the plan to run) and what binds at the next length (``answer.binding``). The layout fields (tp,
+    cp, ulysses, dp, zero, sp, pp, optimizer_offload, ep, etp, tp_mode, moe_dispatcher, moe_balance, alloc_conf) fix
+    the layout as the command's options do; a field the command has no option for (batch, micro_batch, alpha, vpp,
+    schedules, ...) must keep its default, or one `MemoError` names it. ``request.jobs`` answers the policies in that
+    many processes (the serial answers); ``progress()`` is called as each finishes."""
+    if not isinstance(request, WhatifRequest):
+        raise MemoError(f"max_seq: request is a {type(request).__name__}, not a WhatifRequest; pass "
+                        f"memo_sim.api.WhatifRequest(model=..., seq=STEP, gpus=..., profile=...)")
+    for f in fields(WhatifRequest):
+        if f.name in MAXSEQ_FIELDS:
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()
+        if getattr(request, f.name) != default:
+            raise MemoError(f"max_seq: WhatifRequest.{f.name} = {getattr(request, f.name)!r}: maxseq does not take "
+                            f"it (`memo-sim maxseq` has no such option: it searches the what-if's default batch); "
+                            f"leave it at {default!r}, or ask memo_sim.api.whatif at one length")
+    model, profile = request.model, request.profile
+    try:
+        profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
+        check_gemm_format(model, profile)
+        fixed = maxseq_fixed(request.tp_mode, request.moe_dispatcher, request.moe_balance, request.alloc_conf,
+                             **{k: getattr(request, k) for k in MAXSEQ_DEGREES})
+        runs = maxseq_runs_asked(model, request.framework, request.policies, request.allocator)
+        return max_seq_runs(model, request.gpus, profile, runs, step=request.seq, framework=request.framework,
+                            fixed=fixed, jobs=request.jobs, done=progress or (lambda: None))
     except MemoError as e:  # the search's words are the command's (--tp): the request's fields instead
         e.args = (in_request_words(str(e)),)
         raise

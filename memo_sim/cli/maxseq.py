@@ -10,11 +10,10 @@ import click
 from memo_sim.cli.common import (GPU_COUNT, alloc_conf_option, build_model, count_option, layout_degree_options,
                                model_options, moe_layout_options, profile_option, progress_bar, progress_option)
 from memo_sim.cost.gemm_format import check_gemm_format
-from memo_sim.layout.schedule import schedule_runs_policy
-from memo_sim.policy import policy_class, policy_names, prices_model
+from memo_sim.policy import policy_class, policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.formats import Answer, emit, format_options, plural, resolve_format
-from memo_sim.search.frameworks import FRAMEWORKS, get_framework, policy_frameworks_words
+from memo_sim.search.frameworks import FRAMEWORKS, policy_frameworks_words
 from memo_sim.units import fmt_count
 
 
@@ -58,19 +57,11 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
 
     Exit status: 0 when a policy trains --step tokens or more, 3 when none does (as the what-if's nothing
     fits), 2 on bad input."""
-    from memo_sim.search.maxseq import max_seq_runs
+    from memo_sim.search.maxseq import max_seq_runs, maxseq_fixed, maxseq_runs_asked
     from memo_sim.search.whatif import default_jobs
-    from memo_sim.search.request import tp_flavours_asked
 
-    fixed = {k: v for k, v in dict(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero, sp=sp, pp=pp,
-                                   optimizer_offload=optimizer_offload, ep=ep, etp=etp).items() if v is not None}
-    if moe_dispatcher != "alltoall":
-        fixed["moe_dispatcher"] = moe_dispatcher
-    if moe_balance != "dropless":
-        fixed["moe_balance"] = moe_balance
-    fixed["tp_mode"] = tp_flavours_asked(tp_mode, tp)
-    if alloc_conf is not None:
-        fixed["alloc_conf"] = alloc_conf
+    fixed = maxseq_fixed(tp_mode, moe_dispatcher, moe_balance, alloc_conf, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
+                         zero=zero, sp=sp, pp=pp, optimizer_offload=optimizer_offload, ep=ep, etp=etp)
 
     fmt = resolve_format(out_format, as_json)
     t0 = time.perf_counter()
@@ -79,10 +70,7 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
     profile = load_profile(profile_name)
     profile.peak(model.dtype)
     check_gemm_format(model, profile)
-    pols = tuple(policies) or tuple(p for p in get_framework(framework).policies  # the framework's that price it
-                                    if not schedule_runs_policy("sppo", p) and prices_model(p, model))
-    runs = [(p, al) for p in pols for al in (("caching", "plan") if allocator == "both" else (allocator,))
-            if al == "caching" or allocator != "both" or not policy_class(p).takes_alpha]  # MEMO: its own plan
+    runs = maxseq_runs_asked(model, framework, policies, allocator)
     with progress_bar("searching", len(runs), quiet=fmt != "table", force=progress) as tick:
         answers = max_seq_runs(model, gpus, profile, runs, step=step, framework=framework, fixed=fixed,
                                jobs=jobs or default_jobs(), done=tick)

@@ -47,6 +47,10 @@ from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import binding_words, memory_term_words, need_of_capacity
 from memo_sim.search.seq_sweep import in_order
 from memo_sim.search.whatif import Candidate, candidates_for, rank
+from memo_sim.search.request import tp_flavours_asked
+from memo_sim.search.frameworks import get_framework
+from memo_sim.layout.schedule import schedule_runs_policy
+from memo_sim.policy import policy_class, prices_model
 from memo_sim.units import fmt_bytes, fmt_count
 
 MAX_STEPS = 1 << 12  # 4096 steps: 512M tokens at 128K
@@ -485,6 +489,39 @@ def _simulated_best(model, seq, gpus, profile, policy, framework, allocator, fix
         if sim_failed and (failed is None or isinstance(failed, str)):
             failed = sim_failed[0]
     return None, failed or f"no plan at {seq} tokens runs in the event simulator"
+
+
+MAXSEQ_DEGREES = ("tp", "cp", "ulysses", "dp", "zero", "sp", "pp", "optimizer_offload", "ep", "etp")
+
+
+def maxseq_fixed(tp_mode: str | None, moe_dispatcher: str = "alltoall", moe_balance: str = "dropless",
+                 alloc_conf: str | None = None, **degrees) -> dict:
+    """`candidates_for`'s fixed keywords of a maxseq question (the command's and `memo_sim.api.max_seq`'s): the
+    `MAXSEQ_DEGREES` given (None: searched), the MoE dispatcher and balance where not the defaults, the tensor-parallel
+    flavours asked for (`tp_flavours_asked`), the allocator configuration where one is given."""
+    unknown = sorted(set(degrees) - set(MAXSEQ_DEGREES))
+    if unknown:
+        raise MemoError(f"maxseq_fixed: {', '.join(unknown)} not a maxseq option; give {', '.join(MAXSEQ_DEGREES)}")
+    fixed = {k: v for k, v in degrees.items() if v is not None}
+    if moe_dispatcher != "alltoall":
+        fixed["moe_dispatcher"] = moe_dispatcher
+    if moe_balance != "dropless":
+        fixed["moe_balance"] = moe_balance
+    fixed["tp_mode"] = tp_flavours_asked(tp_mode, degrees.get("tp"))
+    if alloc_conf is not None:
+        fixed["alloc_conf"] = alloc_conf
+    return fixed
+
+
+def maxseq_runs_asked(model: ModelConfig, framework: str, policies: tuple[str, ...], allocator: str) \
+        -> list[tuple[str, str]]:
+    """The (policy, allocator) runs of a maxseq question: ``policies``, or the framework's that price ``model``
+    but SPPO (its pipeline search at every probed length: asked for by name); ``allocator`` ``both`` answers each
+    on the caching allocator and on a static memory plan, MEMO once (its own plan)."""
+    pols = tuple(policies) or tuple(p for p in get_framework(framework).policies
+                                    if not schedule_runs_policy("sppo", p) and prices_model(p, model))
+    return [(p, al) for p in pols for al in (("caching", "plan") if allocator == "both" else (allocator,))
+            if al == "caching" or allocator != "both" or not policy_class(p).takes_alpha]
 
 
 def max_seq_runs(model: ModelConfig, gpus: int, profile: HardwareProfile, runs: list[tuple[str, str]], *,
