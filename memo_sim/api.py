@@ -28,6 +28,7 @@ from memo_sim.search.pipeline import pipeline_memory
 from memo_sim.search.plan_build import attach_memory_plan, build_plan
 from memo_sim.search.plan_check import plan_problems, runnable_problems, traced_by_executor
 from memo_sim.search.request import WhatifAnswer, WhatifRequest, answer_whatif, in_request_words
+from memo_sim.report.whatif_json import whatif_json
 from memo_sim.search.sppo import SppoPoint, SppoSearch, search_sppo, solve_point
 from memo_sim.search.whatif import (Candidate, WhatIfResult, candidates_for, default_jobs, fold_duplicates, rank,
                                     simulate_candidates)
@@ -47,7 +48,7 @@ __all__ = [
     "attach_memory_plan", "engine_replay", "estimate_iteration", "get_model", "get_policy", "load_profile", "memo_alpha", "memory_breakdown", "plan_memory",
     "policy_names", "rank", "read_plan", "simulate", "simulate_candidates", "sweep_alpha", "write_plan",
     "default_jobs", "fold_duplicates", "build_plan", "plan_problems", "runnable_problems", "traced_by_executor",
-    "WhatifAnswer", "WhatifRequest", "answer_whatif", "whatif", "MaxSeqAnswer", "max_seq",
+    "WhatifAnswer", "WhatifRequest", "answer_whatif", "whatif", "whatif_json", "MaxSeqAnswer", "max_seq",
     "SCHEDULE_NAMES", "check_schedule", "default_schedule", "estimate_pipeline", "pipeline_memory",
     "registered_schedules", "collective_fit_params", "attention_pricing_words", "loss_kernel",
     "Sppo", "SppoPoint", "SppoSearch", "multiplex_phases", "partition_bounds", "search_sppo", "solve_point",

@@ -40,3 +40,23 @@ def test_max_seq_refuses_in_one_line_naming_the_field(over, says):
 def test_max_seq_refuses_what_is_not_a_request():
     with pytest.raises(api.MemoError, match="not a WhatifRequest"):
         api.max_seq(ASK)
+
+
+def test_whatif_json_is_the_commands_json():
+    """`api.whatif_json(api.whatif(req))`: the JSON `memo-sim whatif --json` prints for the same question, one
+    builder for both (`memo_sim/report/whatif_json.py`); the seconds it took are the caller's to give."""
+    flags = ["whatif", "--model", "gpt-7b", "--seq", "32K", "--gpus", "8", "--profile", "a800-80gb", "--tp", "8",
+             "--policy", "memo", "--policy", "full_recompute", "--train-tokens", "1B", "--json", "--no-plan"]
+    r = CliRunner().invoke(cli, flags)
+    assert r.exit_code == 0, r.output
+    want = json.loads(r.stdout)
+    ans = api.whatif(api.WhatifRequest(model="gpt-7b", seq="32K", gpus=8, profile="a800-80gb", tp=8,
+                                       policies=("memo", "full_recompute")))
+    got = json.loads(json.dumps(api.whatif_json(ans, elapsed_s=1.5, train_tokens=10**9)))
+    assert got["elapsed_s"] == 1.5 and want.pop("removed_stale") == []
+    for side in (got, want):  # the seconds each run took, its own
+        side.pop("elapsed_s")
+        for c in side["candidates"]:
+            c.pop("simulated_sim_wall_s")
+    assert got == want
+    assert got["train_days"] > 0 and got["candidates"][0]["layout"].startswith("tp8")

@@ -65,7 +65,7 @@ def test_one_configuration_one_peak_per_source(tmp_path):
 def test_metp_table_reads_the_rankings_peak():
     """The 1M METP candidate that read 62.91 GiB (simulated) in the ranking and 66.91 GiB
     (analytic) in the METP table now reads the ranking's number, with its source, in both."""
-    from memo_sim.cli.whatif import _metp_vs_megatron
+    from memo_sim.report.whatif_json import metp_vs_megatron
     from memo_sim.model.config import get_model
     from memo_sim.profile.loader import load_profile
     from memo_sim.report.peaks import candidate_peak
@@ -75,7 +75,7 @@ def test_metp_table_reads_the_rankings_peak():
     res = rank(get_model("gpt-7b"), 1 << 20, 8, load_profile("a800-80gb"), simulate_top=8, tp=8, tp_mode="all",
                jobs=1)
     shown = fold_duplicates(res.candidates)
-    _head, rows = metp_table(_metp_vs_megatron(res.candidates, None), shown)
+    _head, rows = metp_table(metp_vs_megatron(res.candidates, None), shown)
     checked = 0
     for c in shown:
         label = f"{c.layout.label()} {c.policy.label()}"

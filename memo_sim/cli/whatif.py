@@ -46,10 +46,10 @@ from memo_sim.plan.schema import with_profile_reference, write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.formats import resolve_format
-from memo_sim.report.fit_advice import expandable_faster, fit_fixes
-from memo_sim.report.candidate_rows import candidates_json
+from memo_sim.report.fit_advice import expandable_faster
 from memo_sim.report.sensitivity import sensitivity_line
-from memo_sim.report.whatif_answer import WhatIfView, executor_refuses, runner_up, trained_model
+from memo_sim.report.whatif_answer import WhatIfView
+from memo_sim.report.whatif_json import answer_fixes, metp_vs_megatron, training_time, whatif_json
 from memo_sim.search.frameworks import FRAMEWORKS, get_framework, policy_frameworks_words
 from memo_sim.search.plan_build import prebuild_plan
 from memo_sim.search.request import WhatifRequest, answer_whatif, plain_recipe, split_words, sweep_candidates
@@ -196,7 +196,8 @@ def whatif(**options):
     elapsed = time.perf_counter() - t0
     if show.as_json:
         # compact: the C encoder, 3x faster
-        click.echo(json.dumps(dict(_answer_json(ans, paths, elapsed, show), removed_stale=removed)))
+        click.echo(json.dumps(dict(whatif_json(ans, elapsed_s=elapsed, plan_paths=paths, train_tokens=show.train_budget,
+                                               all_candidates=show.all_candidates), removed_stale=removed)))
     else:
         _print_answer(ans, paths, elapsed, show)
     if ans.best is None:
@@ -339,59 +340,6 @@ class Show:
         return machine if self.progress is None else not self.progress
 
 
-def _fixes(ans, shown: list) -> list[str]:
-    """What would make the asked (closest) configuration fit, when nothing does (``shown``: the
-    ranking with duplicates folded, `fold_duplicates`)."""
-    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
-
-    fw = get_framework(ans.request.framework)  # a --policy or a layout the framework refuses fixes nothing
-    return fit_fixes(shown[0], ans.request.gpus, ans.request.alpha, fw.policies, fw.allows) \
-        if ans.best is None and shown else []
-
-
-def _answer_json(ans, paths: dict, elapsed: float, show: Show) -> dict:
-    """The --json answer."""
-    req, result, best, memo_best = ans.request, ans.result, ans.best, ans.memo_best
-    shown = fold_duplicates(result.candidates)
-    plan_path, sppo_plan_path = paths.get("plan.json"), paths.get("plan-sppo.json")
-    trained = best.model if best is not None else trained_model(req.model, req.framework)
-    return {"model": dict(req.model.to_dict(), params=req.model.params(), active_params=req.model.active_params(),
-                          mtp_layers=trained.mtp_layers, mtp_params=trained.mtp_params(), notes=trained.model_notes()),
-            "seq_tokens": req.seq, "gpus": req.gpus, "partial_node": req.profile.partial_node_words(req.gpus),
-            "batch": req.batch if req.batch or req.global_batch else 1, "global_batch": req.global_batch,
-            "micro_batch": req.micro_batch, "profile": req.profile.name,
-            "profile_provenance": {"calibrated": req.profile.calibrated, "line": req.profile.provenance_line(),
-                                   "validation": req.profile.validation or None},
-            "searched": result.searched,
-            "elapsed_s": elapsed, "simulated_candidates": result.simulated,
-            "tier2": result.tier2.to_dict() if result.tier2 is not None else None,
-            "plan_file": str(plan_path) if plan_path else None,
-            "framework": req.framework, "tp_mode": req.flavour,
-            "sppo_plan_file": str(sppo_plan_path) if sppo_plan_path else None,
-            "sppo": result.sppo_summary,
-            "metp_vs_megatron": _metp_vs_megatron(result.candidates, req.alpha),
-            "memo_best": memo_best.to_json() if memo_best is not None else None,
-            # memo's best simulated with the framework's mechanisms (null: no --framework, or the same mechanisms)
-            "memo_best_on_framework": ans.memo_on_framework,
-            # why memo-exec refuses the best plan before it runs (null: it does not refuse it on the plan alone)
-            "executor_refuses": executor_refuses(best) if best is not None else None,
-            # an FP8 what-if: the same search without FP8 GEMMs (null: nothing fits it, or no FP8 asked: bf16_searched)
-            "bf16_best": ans.bf16_best.to_json() if ans.bf16_best is not None else None,
-            "bf16_searched": ans.bf16_searched,
-            # a fixed pipeline split: the same search's best with the split searched (null: none fixed)
-            "searched_split_best": ans.split_best.to_json() if ans.split_best is not None else None,
-            "runner_up": runner_up(shown, best, result.tier2.mode if result.tier2 is not None else None),
-            # a faster configuration that ran out of memory on fragmentation alone fits with expandable segments
-            "faster_with_expandable_segments": expandable_faster(shown, best),
-            "train_tokens": show.train_budget,
-            **_training_json(best, show.train_budget),
-            **candidates_json(shown, show.all_candidates),
-            "not_fitting_fixes": _fixes(ans, shown),
-            "folded_duplicates": len(result.candidates) - len(shown),
-            "nothing_fits": best is None, "not_searched": ans.advice,
-            "rejected_layouts": [{"layout": lay.label(), "reason": why} for lay, why in result.rejected_layouts]}
-
-
 def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
     """The text answer (table, csv or md): a verdict line, then one ranked table (--details: all)."""
     from memo_sim.report.formats import emit
@@ -407,7 +355,8 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         model=req.model, seq=req.seq, gpus=req.gpus, profile=req.profile, result=result, shown=shown, best=best,
         batch_words=batch_words, elapsed_s=elapsed, top=show.top, details=show.details,
         plan_path=paths.get("plan.json"), sppo_plan_path=paths.get("plan-sppo.json"), no_plan=show.no_plan,
-        metp_rows=_metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice, fixes=_fixes(ans, shown),
+        metp_rows=metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice,
+        fixes=answer_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
         global_batch_fixed=bool(req.global_batch),
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
@@ -509,30 +458,6 @@ def search_progress(label: str, quiet: bool, force: bool | None = None):
         status.close()
 
 
-METP_COMPARED = 5  # METP candidates compared with their Megatron TP+SP twins
-
-
-def _metp_vs_megatron(candidates, alpha) -> list[dict]:
-    """The best METP candidates (one per layout and policy) beside their Megatron TP+SP twins."""
-    from memo_sim.layout.parallel import check_layout
-    from memo_sim.search.whatif import megatron_twin
-
-    out = []
-    for c in [c for c in candidates if c.layout.metp][:METP_COMPARED]:
-        t = megatron_twin(c, alpha)
-        m, tm = c.memory, t.memory
-        why = check_layout(t.layout, c.model, t.layout.gpus, c.profile.node_gpus, c.seq, c.batch)
-        out.append({"layout": c.layout.label(), "policy": c.policy.name, "policy_label": c.policy.label(),
-                    "status": c.status, "peak_gpu_bytes": m.peak_gpu_bytes, "peak_source": "analytic",
-                    "analytic_iteration_s": c.estimate.iteration_s,
-                    "megatron_layout": t.layout.label(), "megatron_policy_label": t.policy.label(),
-                    "megatron_status": "invalid" if why else t.status, "megatron_invalid_reason": why,
-                    "megatron_peak_gpu_bytes": tm.peak_gpu_bytes,
-                    "megatron_analytic_iteration_s": t.estimate.iteration_s,
-                    "memory_saved_fraction": 1.0 - m.peak_gpu_bytes / tm.peak_gpu_bytes})
-    return out
-
-
 def _sweep_alpha(req, result, show: Show, t0: float) -> None:
     from memo_sim.engine.simulate import DEFAULT_ALPHAS, sweep_alpha
     from memo_sim.report.figures import alpha_sweep_figure
@@ -572,7 +497,7 @@ def _sweep_alpha(req, result, show: Show, t0: float) -> None:
 def _train_lines(best, tokens: int | None) -> list[str]:
     if best is None or tokens is None:
         return []
-    days, gpu_hours = _training_time(best, tokens)
+    days, gpu_hours = training_time(best, tokens)
     n = best.layout.gpus
     return [f"training {fmt_tokens(tokens)} tokens at this plan's {best.tgs:,.0f} tokens/GPU/s on "
             f"{n} GPU{'s' if n != 1 else ''}: {fmt_duration(days * 86400)}, {fmt_gpu_hours(gpu_hours)} GPU-hours"]
@@ -592,22 +517,9 @@ def fmt_gpu_hours(h: float) -> str:
     return f"{h:,.0f}" if h >= 100 else f"{h:.3g}"
 
 
-def _training_json(best, tokens: int | None) -> dict:
-    if tokens is None or best is None:
-        return {"train_days": None, "train_gpu_hours": None}
-    days, gpu_hours = _training_time(best, tokens)
-    return {"train_days": days, "train_gpu_hours": gpu_hours}
-
-
 def fmt_tokens(n: int) -> str:
     """A token budget the way it is quoted: 300B, 1.5T."""
     for unit, v in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
         if n >= v:
             return f"{n / v:.4g}{unit}"
     return str(n)
-
-
-def _training_time(c, tokens: int) -> tuple[float, float]:
-    """(days, GPU-hours) to train ``tokens`` tokens at candidate ``c``'s throughput."""
-    seconds = tokens / (c.tgs * c.layout.gpus)
-    return seconds / 86400, seconds * c.layout.gpus / 3600
