@@ -281,3 +281,17 @@ def test_a_command_line_in_a_message_is_left_as_written(message, words):
     from memo_sim.search.request import in_request_words
 
     assert in_request_words(message) == words
+
+
+def test_fp8_on_an_a100_is_refused_for_the_missing_tensor_cores_in_the_calls_words():
+    """An audit (2026-12-02): `api.simulate` of an FP8 model on an A100 advised adding an fp8 peak to the profile
+    (the A100 has no FP8 tensor cores; the command said so). Now the command's check, in the call's words."""
+    from memo_sim.model.config import with_overrides
+
+    m = with_overrides(api.get_model("gpt-7b"), gemm_format="fp8-tensorwise")
+    for call in (api.simulate, api.estimate_iteration):
+        with pytest.raises(api.MemoError) as e:
+            call(m, api.Layout(tp=8), 1, 8192, "store_all", "a100-sxm4-80gb")
+        msg = str(e.value)
+        assert msg.startswith(f"{call.__name__}: model.gemm_format = 'fp8-tensorwise'"), msg
+        assert "FP8 tensor cores" in msg and "add fp8" not in msg and "--precision" not in msg

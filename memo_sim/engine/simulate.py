@@ -142,6 +142,16 @@ def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_
         from dataclasses import replace  # noqa: PLC0415
 
         layout = replace(layout, **ints)
+    from memo_sim.cost.gemm_format import check_gemm_format  # noqa: PLC0415
+
+    try:  # FP8 on an A100 says it needs FP8 tensor cores, not "add an fp8 peak" (a review), in the call's words
+        check_gemm_format(model, profile)
+    except MemoError as e:
+        fmt = model.gemm_format
+        e.args = (f"{who}: " + str(e).replace(f"drop --precision {fmt}", "give a model of bf16 GEMMs "
+                                              "(memo_sim.model.config.with_overrides(model, gemm_format='bf16'))")
+                  .replace(f"--precision {fmt}", f"model.gemm_format = {fmt!r}"),)
+        raise
     return (model, layout, int(batch), int(seq), policy, profile,
             None if micro_batch is None else int(micro_batch))
 
