@@ -226,7 +226,8 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
                        f"({result_peak(r).source}), "  # the header's words: no replay runs a pipeline's stages
                        f"busy {fmt_time(st['compute_busy_s'])}"
                        + (f", idle {100 * bub:.1f}% of its work (waiting for other stages' "
-                          f"activations and gradients {100 * st['stage_wait_s'] / st['compute_busy_s']:.1f}%; the "
+                          f"activations and gradients {100 * st['stage_wait_s'] / st['compute_busy_s']:.1f}%, the "
+                          f"transfers themselves {100 * st['transfer_wait_s'] / st['compute_busy_s']:.1f}%; the "
                           f"rest on its own collectives and copies, {_shared_embedding_words(plan, st['stage'])}"
                           f"after its last op)" if bub is not None else ""))
         ideal, it = r.pipeline["ideal_bubble_fraction"], r.iteration_s  # a share of the iteration, as memo-exec's

@@ -137,19 +137,22 @@ def exposed_wait_seconds(ops: list[Op], wait_on: tuple[str, ...]) -> float:
     return exposed_wait_totals(ops, (wait_on,))[0]
 
 
-def exposed_wait_totals(ops: list[Op], groups: tuple[tuple[str, ...], ...]) -> list[float]:
+def exposed_wait_totals(ops: list[Op], groups: tuple[tuple[str, ...], ...],
+                        moving: tuple[bool, ...] | None = None) -> list[float]:
     """`exposed_wait_seconds` of each group of ``wait_on`` streams, in one pass over the ops: one GPU's, the GPU
     whose waits sum longest where the run has several (a pipeline's stages: each waits on its own copies while
     the others compute, so their waits do not add up to the step's; a review found a pipeline's 373 s "copy
     stall" in a 63 s iteration, 16 stages' waits summed)."""
-    return [max(per.values(), default=0.0) for per in exposed_wait_by_device(ops, groups)]
+    return [max(per.values(), default=0.0) for per in exposed_wait_by_device(ops, groups, moving)]
 
 
-def exposed_wait_by_device(ops: list[Op], groups: tuple[tuple[str, ...], ...]) -> list[dict[int, float]]:
-    """Per group of ``wait_on`` streams, each GPU's `exposed_wait_seconds` (GPUs that never waited absent)."""
+def exposed_wait_by_device(ops: list[Op], groups: tuple[tuple[str, ...], ...],
+                           moving: tuple[bool, ...] | None = None) -> list[dict[int, float]]:
+    """Per group of ``wait_on`` streams, each GPU's `exposed_wait_seconds` (GPUs that never waited absent;
+    ``moving``: `exposed_wait_parts_of`'s)."""
     device = {op.uid: op.device for op in ops}
     out = []
-    for parts in exposed_wait_parts_of(ops, groups):
+    for parts in exposed_wait_parts_of(ops, groups, moving):
         per: dict[int, float] = {}
         for _s, u, x in sorted(parts):
             per[device[u]] = per.get(device[u], 0.0) + x
@@ -163,13 +166,18 @@ def exposed_wait_parts(ops: list[Op], wait_on: tuple[str, ...]) -> list[tuple[fl
     return exposed_wait_parts_of(ops, (wait_on,))[0]
 
 
-def exposed_wait_parts_of(ops: list[Op], groups: tuple[tuple[str, ...], ...]) -> list[list[tuple[float, int, float]]]:
-    """`exposed_wait_parts` of each group of ``wait_on`` streams, in one pass over the ops."""
+def exposed_wait_parts_of(ops: list[Op], groups: tuple[tuple[str, ...], ...],
+                          moving: tuple[bool, ...] | None = None) -> list[list[tuple[float, int, float]]]:
+    """`exposed_wait_parts` of each group of ``wait_on`` streams, in one pass over the ops. Where ``moving`` is True
+    for a group, only the part of a wait after the waited-for op started counts (a pipeline's transfer itself, not
+    the other stage's work before it: an audit found a pipeline's 4.06 s of fill and drain reported as exposed P2P
+    beside 0.04 s of transfers; `memo_sim.report.explain` splits a wait the same way)."""
+    moving = moving or (False,) * len(groups)
     # A stream runs its ops one at a time in issue order, so the op before one in (start, uid)
     # order on its stream is the one issued before it: each stream is walked in issue order and
     # only the ops that waited on a ``wait_on`` stream contribute, summed in (start, uid) order.
     out: list[list[tuple[float, int, float]]] = [[] for _ in groups]
-    indexed = list(zip(groups, out))
+    indexed = list(zip(groups, out, moving))
     prev_end: dict[tuple[int, str], float] = {}  # per stream, its last op's end (read for streams not waited on)
     for op in ops:
         start = op.start
@@ -178,17 +186,19 @@ def exposed_wait_parts_of(ops: list[Op], groups: tuple[tuple[str, ...], ...]) ->
         stream = op.stream
         deps = op.deps
         if deps:
-            for wait_on, parts in indexed:
+            for wait_on, parts, transfer_only in indexed:
                 if stream in wait_on:
                     continue
-                wait_end = None
+                wait_end = wait_start = None
                 for d in deps:
                     if d.stream in wait_on:
                         e = d.end
                         if e is not None and (wait_end is None or e > wait_end):
-                            wait_end = e
+                            wait_end, wait_start = e, d.start
                 if wait_end is not None:
                     other = prev_end.get((op.device, stream), 0.0)
+                    if transfer_only and wait_start is not None and wait_start > other:
+                        other = wait_start
                     for d in deps:
                         if d.stream not in wait_on:
                             e = d.end

@@ -655,10 +655,11 @@ class _MicrobatchBuilder:
 
 
 def stage_rows(sched: MicrobatchSchedule, orders: list[list[Step]], end_time: float, failure, peak_gpu: dict,
-               busy: dict, p2p_waits: dict) -> list[dict]:
+               busy: dict, p2p_waits: dict, transfer_waits: dict) -> list[dict]:
     """Per stage: its node, chunks, micro-batches in flight, peak, busy and idle time, bubble (idle over busy:
     every wait, as a measurement sees it), and of the idle time the waits on other stages (``stage_wait_s``:
-    their work, then the transfer; the rest waits on the stage's own collectives and copies)."""
+    their work, then the transfer; the rest waits on the stage's own collectives and copies) and of those the
+    transfers' own part (``transfer_wait_s``)."""
     it = end_time if failure is None else None
     rows = []
     for s, dev in enumerate(sched.devices):
@@ -670,6 +671,7 @@ def stage_rows(sched: MicrobatchSchedule, orders: list[list[Step]], end_time: fl
                      "peak_gpu_bytes": peak_gpu[dev.index], "model_states_bytes": sched.costs.model_states[s],
                      "compute_busy_s": b, "idle_s": (it - b) if it else None,
                      "stage_wait_s": p2p_waits.get(dev.index, 0.0),
+                     "transfer_wait_s": transfer_waits.get(dev.index, 0.0),
                      "bubble_ratio": ((it - b) / b) if it and b > 0 else None})
     return rows
 
@@ -696,7 +698,7 @@ def run_microbatch_pipeline(sched: MicrobatchSchedule, profile: HardwareProfile,
     run = engine.run()
     check_deadlock(engine, run, "pipeline schedule")
     rows = stage_rows(sched, sched.orders, run.end_time, run.failure, run.peak_gpu_bytes, _compute_busy(sched),
-                      exposed_wait_by_device(run.ops, ((P2P_STREAM,),))[0])
+                      *exposed_wait_by_device(run.ops, _WAIT_GROUPS[1:], _WAIT_MOVING[1:]))
     return engine, run, rows
 
 
@@ -716,6 +718,7 @@ class _Outcome:
     busy: dict  # device -> compute-stream seconds
     copy_waits: dict  # device -> its compute path's seconds waiting on host copies (`exposed_wait_by_device`)
     p2p_waits: dict  # device -> the same on the pipeline's transfers (other stages' work, then the transfer)
+    transfer_waits: dict  # device -> of those, the transfers' own part (`exposed_wait_parts_of`'s ``moving``)
     layer_timings: dict
     events: list
     memory: list
@@ -726,6 +729,12 @@ class _Outcome:
     folded: int = 0  # micro-batches unfolded from a periodic short run
 
 
+# the waits `_Outcome` keeps: on host copies, on the pipeline's transfers (the other stage's work before each
+# included: a stage's wait), and on the transfers alone (their own part: the exposed P2P)
+_WAIT_GROUPS = (COPY_STREAMS, (P2P_STREAM,), (P2P_STREAM,))
+_WAIT_MOVING = (False, False, True)
+
+
 def _run_whole(costs, layout, profile, policy, n_layers, m, order, *, detail, contention, keep_timeline,
                record) -> _Outcome:
     sched = build_microbatch_pipeline(costs, layout, profile, policy, n_layers, m, order, detail=detail)
@@ -734,7 +743,7 @@ def _run_whole(costs, layout, profile, policy, n_layers, m, order, *, detail, co
                                                  gpu_capacity=gpu_limit_bytes(profile, layout.alloc_conf))
     return _Outcome(sched, run.end_time, run.failure, run.peak_gpu_bytes, run.peak_host_bytes, run.start_gpu_bytes,
                     run.end_gpu_bytes, run.end_host_bytes, len(run.ops), _compute_busy(sched),
-                    *exposed_wait_by_device(run.ops, (COPY_STREAMS, (P2P_STREAM,))), _layer_timings(sched),
+                    *exposed_wait_by_device(run.ops, _WAIT_GROUPS, _WAIT_MOVING), _layer_timings(sched),
                     timeline_events(run) if keep_timeline else [], list(run.memory), run.link_capacity,
                     run.link_carried, run.link_log, run.ops if record else [])
 
@@ -766,9 +775,8 @@ def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, c
                       routes=engine.routes if contention else None)
     if u is None or (u.failure is not None and (keep_timeline or u.tie)):
         return None
-    parts = exposed_wait_parts_of(run.ops, (COPY_STREAMS, (P2P_STREAM,)))
-    copy_parts = {uid: x for _s, uid, x in parts[0]}
-    p2p_parts = {uid: x for _s, uid, x in parts[1]}
+    copy_parts, p2p_parts, transfer_parts = ({uid: x for _s, uid, x in part}
+                                             for part in exposed_wait_parts_of(run.ops, _WAIT_GROUPS, _WAIT_MOVING))
     stage, layer = timed_layer(sched)
     dev0 = sched.devices[stage].index
     spans = u.phase_spans(0, tuple(ph for _k, ph in _PHASES), _COPIES,
@@ -781,7 +789,7 @@ def _run_folded(costs, layout, profile, policy, n_layers, m, order, *, detail, c
         sched, u.end_time, failure, u.peak_gpu, u.peak_host,
         u.end_gpu if failure is not None and failure.op is None else run.start_gpu_bytes, u.end_gpu, u.end_host,
         u.n_ops, _unfolded_busy(u, sched), _waits_by_device(u, run.ops, copy_parts),
-        _waits_by_device(u, run.ops, p2p_parts),
+        _waits_by_device(u, run.ops, p2p_parts), _waits_by_device(u, run.ops, transfer_parts),
         timings, u.timeline_events() if keep_timeline else [], list(u.samples()) if keep_timeline else [],
         run.link_capacity, u.link_carried, folded=plan.copies * plan.step)
 
@@ -831,7 +839,8 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
         out = _run_whole(*args, detail=detail, contention=contention, keep_timeline=keep_timeline, record=record)
     sched = out.sched
     orders = [order(layout.pp, m, layout.vpp, s) for s in range(layout.pp)]
-    rows = stage_rows(sched, orders, out.end_time, out.failure, out.peak_gpu, out.busy, out.p2p_waits)
+    rows = stage_rows(sched, orders, out.end_time, out.failure, out.peak_gpu, out.busy, out.p2p_waits,
+                      out.transfer_waits)
     failure = out.failure
     status = failure.status if failure else "OK"
     it, mfu, tgs = rates(out.end_time, failure, model, layout, batch, seq, profile)
@@ -839,7 +848,9 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
     busy = sum(r["compute_busy_s"] for r in rows)
     pipe = {"schedule": name, "pp": layout.pp, "vpp": layout.vpp, "micro_batches": m, "micro_batch": micro_batch,
             "detail": sched.detail, "stages": rows, "worst_stage": worst.index,
-            "exposed_p2p_s": max(out.p2p_waits.values(), default=0.0),
+            # the transfers' own exposed time on the stage that waits longest on them; its wait on other stages'
+            # work (fill, drain, unequal stages) before them is each stage's stage_wait_s
+            "exposed_p2p_s": max(out.transfer_waits.values(), default=0.0),
             "bubble_fraction": (1 - busy / (len(rows) * it)) if it else None,
             # the equal-stage bubble two ways: over the work ((p - 1)/(v m), the analytic tier's ratio,
             # `memo_sim.search.estimate.pipeline_bubble`) and as the iteration's share, beside bubble_fraction

@@ -521,7 +521,8 @@ def simulate_sppo(model: ModelConfig, layout: Layout, batch: int, seq: int, poli
                        "analytic_peak_gpu_bytes": sched.memory.stages[dev.index].breakdown.peak_gpu_bytes,
                        "analytic_peak_at": sched.memory.stages[dev.index].peak_at})
     worst = max(sched.devices, key=lambda dv: run.peak_gpu_bytes[dv.index])
-    exposed_copy, exposed_p2p = exposed_wait_totals(run.ops, (COPY_STREAMS, (P2P_STREAM,)))
+    # the transfers' own exposed time (not the other stage's work before them: `exposed_wait_parts_of`'s moving)
+    exposed_copy, exposed_p2p = exposed_wait_totals(run.ops, (COPY_STREAMS, (P2P_STREAM,)), (False, True))
     pipe = {"pp": layout.pp, "subseqs": policy.subseqs, "multiplex": policy.multiplex, "detail": sched.detail,
             "exposed_p2p_s": exposed_p2p,
             "bounds": list(policy.bounds), "alphas": list(policy.alphas), "stages": stages,
