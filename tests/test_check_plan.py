@@ -69,6 +69,13 @@ def read_plan_from(d):
     (lambda d: d["memory_plan"]["phases"].pop("fwd"), "memory_plan.phases.fwd: missing"),
     (_overlap, "memory_plan.phases.bwd: the placement is invalid"),
     (lambda d: d.update(policy={"policy": "full_recompute", "alpha": None}), "runs on PyTorch's caching allocator"),
+    # the whole model's level 2 (an audit, 2026-12-02: these were called valid and echoed as stored)
+    (lambda d: d["memory_plan"].update(arena_bytes=1024), "the whole model's placement in arena_bytes = 1,024 is "
+                                                          "invalid"),
+    (lambda d: d["memory_plan"]["model_offsets"].update({"layer0.fwd": 10**15}), "the whole model's placement"),
+    (lambda d: d["memory_plan"]["model_offsets"].update(bogus=0), "model_offsets: offsets for block(s) the whole "
+                                                                  "model does not hold (bogus)"),
+    (lambda d: d["memory_plan"]["layer_block_offsets"].update({"layer0.fwd": 7}), "layer_block_offsets: layer0.fwd"),
 ])
 def test_plans_that_cannot_run_are_refused(toy, tmp_path, mutate, needle):
     r = _variant(toy, tmp_path, mutate)

@@ -22,7 +22,7 @@ from memo_sim.errors import MemoError, PlanError
 from memo_sim.layout.parallel import check_layout, seq_fix_names
 from memo_sim.memplan.placement_check import validate_placement
 from memo_sim.memplan.stage_plan import stage_model_trace
-from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, unplaced_in
+from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, model_trace, unplaced_in
 from memo_sim.plan.schema import Plan
 from memo_sim.profile.loader import load_profile
 from memo_sim.request_trace import RequestTrace
@@ -174,8 +174,38 @@ def memory_plan_problems(plan: Plan, traces: dict[str, RequestTrace] | None = No
         if bad:
             out.append(f"{where}: the placement is invalid ({bad[0]}); {fix}")
     if not out and not executor:
-        out += _stage_problems(plan, fix)
+        out += _stage_problems(plan, fix) if plan.layout.pp > 1 else _model_problems(plan, fix)
     return out
+
+
+def _model_problems(plan: Plan, fix: str) -> list[str]:
+    """Level 2 of a run in one pass: the whole model's blocks (rebuilt from the model, the policy and the level-1
+    peaks, as `memo_sim.memplan.planner.plan_memory` builds them) all placed, validly, in ``arena_bytes``, and
+    each layer's block at its offset there (``layer_block_offsets``). An audit (2026-12-02): an arena edited to 1 KiB
+    under offsets reaching 56 MB, or an offset edited to 1e15, was called valid and echoed as stored. A plan that
+    carries no whole-model offsets (written before plans carried them) is not checked here."""
+    mp = plan.memory_plan
+    if not mp.model_offsets:
+        return []
+    fwd, bwd = (mp.phases[ph].peak_bytes if ph in mp.phases else 0 for ph in ("fwd", "bwd"))
+    trace = model_trace(plan.model, plan.layout, plan.micro_batch, plan.seq_tokens, plan.policy, fwd, bwd,
+                        plan.classifier_chunk_tokens)
+    where = "memory_plan.model_offsets"
+    ids = {b.id for b in trace.buffers}
+    missing, unknown = sorted(ids - set(mp.model_offsets)), sorted(set(mp.model_offsets) - ids)
+    out = _name_problems(where, missing, "no offset for {n} block(s) of the whole model", unknown,
+                         "offsets for block(s) the whole model does not hold", fix)
+    if out:
+        return out
+    bad = validate_placement(trace, mp.model_offsets, mp.arena_bytes)
+    if bad:
+        return [f"memory_plan: the whole model's placement in arena_bytes = {mp.arena_bytes:,} is invalid "
+                f"({bad[0]}); {fix}"]
+    moved = sorted(k for k, v in mp.layer_block_offsets.items() if mp.model_offsets.get(k) != v)
+    if moved:
+        return [f"memory_plan.layer_block_offsets: {', '.join(moved[:3])}{', ...' if len(moved) > 3 else ''} not "
+                f"at the offset model_offsets places it at; {fix}"]
+    return []
 
 
 def _name_problems(where: str, missing: list[str], missing_text: str, unknown: list[str], unknown_text: str,
