@@ -201,8 +201,12 @@ def validation_message(err, source: str, drop: int = 0) -> str:
                 where = _loc_text(xl[drop:])
                 return f"{source}: {where}: unknown field; did you mean {loc[-1]!r}?" if source else \
                     f"{where}: unknown field; did you mean {loc[-1]!r}?"
+    kind = e.get("type", "")
     msg = {"missing": "missing field", "extra_forbidden": "unknown field"}.get(
-        e.get("type", ""), str(e.get("msg", "invalid")).replace("\n", " "))
+        kind, str(e.get("msg", "invalid")).replace("\n", " "))
+    if kind in ("model_type", "dataclass_type", "dict_type"):  # not pydantic's words, which name our classes
+        got = e.get("input")
+        msg = "must be a mapping of fields" + (f", got a {type(got).__name__}" if got is not None else ", got null")
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             msg = msg[len(prefix):]
@@ -215,8 +219,8 @@ def validation_message(err, source: str, drop: int = 0) -> str:
         if fix:
             msg += f"; {fix}"
     where = _loc_text(tuple(e.get("loc", ()))[drop:])
-    if where == "(top)" and drop:
-        return f"{source}: {msg}"
+    if where == "(top)":  # the whole input: the source names it (an audit: "FILE: (top): hidden (250) must ...")
+        return f"{source}: {msg}" if source else msg
     return f"{source}: {where}: {msg}" if source else f"{where}: {msg}"
 
 

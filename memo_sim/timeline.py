@@ -136,7 +136,10 @@ class Timeline:
     @classmethod
     def from_json_obj(cls, obj: dict, source: str = "timeline") -> "Timeline":
         if isinstance(obj, dict) and obj.get("format") != TIMELINE_FORMAT:
-            raise MemoError(f"{source}: field 'format' must be {TIMELINE_FORMAT!r}")
+            what = (" (this is a plan: `memo-sim simulate PLAN --out DIR` writes DIR/timeline.json to plot)"
+                    if str(obj.get("schema", "")).startswith("memo-plan/") else
+                    "; give the timeline.json `memo-sim simulate` writes")
+            raise MemoError(f"{source}: field 'format' must be {TIMELINE_FORMAT!r}{what}")
         if isinstance(obj, dict) and (obj.get("version") != TIMELINE_VERSION or isinstance(obj.get("version"), bool)):
             raise MemoError(f"{source}: timeline version {obj.get('version')!r} unknown; this memo reads {TIMELINE_VERSION}")
         t = validated(_TimelineIn, obj, source)

@@ -279,6 +279,45 @@ class LazyMemoGroup(MemoGroup):
 
 MAX_GPUS = MAX_DEGREE  # a cluster of more GPUs than this is a typo, not a plan
 GPU_COUNT = click.IntRange(1, MAX_GPUS)
+
+
+def plan_profile(plan_file, plan, override: str | None = None, has_flag: bool = True):
+    """The profile a command runs ``plan`` (read from ``plan_file``) on: ``override`` (its --profile), else the plan's
+    own, a profile that cannot be loaded refused in one line naming where it was given (an audit: explain, simulate,
+    export and the sweeps said "profile 'h300' not found" naming neither the plan file nor its field); ``has_flag``:
+    the command takes --profile, which the fix then names."""
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    try:
+        return load_profile(override or plan.profile)
+    except MemoError as e:
+        if override:
+            raise type(e)(f"--profile: {e}") from None
+        fix = "fix the plan's profile field" + (" or give --profile NAME" if has_flag else "")
+        raise type(e)(f"{plan_file}: profile: {e}; {fix}") from None
+
+
+def comma_items(text: str, flag: str, example: str) -> list[str]:
+    """The items of a comma-separated option, stripped; an empty option or an empty item between commas is one
+    `MemoError` naming ``flag`` and an ``example`` (the sweeps' lists, one rule: an audit found ``--alphas 0.1,``
+    run, ``--seqs 2K,`` refused, ``--subseqs ''`` run the default and ``--alphas ''`` refused for its range)."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise MemoError(f"{flag}: empty; give comma-separated values like {example}")
+    if not all(items):
+        raise MemoError(f"{flag} {text!r}: an empty item between commas; give values like {example}")
+    return items
+
+
+class FiniteRange(click.FloatRange):
+    """click's FloatRange without NaN (which passes its bounds: an audit found ``--alpha nan`` refused in the
+    API's words, ``WhatifRequest.alpha``, instead of the option's)."""
+
+    def convert(self, value, param, ctx):
+        v = super().convert(value, param, ctx)
+        if v != v:
+            self.fail(f"{value!r} is not a number; give one in {self._describe_range()}", param, ctx)
+        return v
 DEGREE = click.IntRange(1, MAX_GPUS)
 BATCH = click.IntRange(1, MAX_BATCH)  # sequences per replica (the plan's own cap)
 

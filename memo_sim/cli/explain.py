@@ -50,8 +50,9 @@ def explain(plan_file, out_format, as_json):
     """Explain PLAN_FILE: time breakdown, memory at the peak, host memory, the binding limit."""
     as_json = resolve_format(out_format, as_json) == "json"
     plan = read_plan(plan_file)
-    profile = load_profile(plan.profile)
-    from memo_sim.cli.common import refuse_plan_gemm_format  # noqa: PLC0415
+    from memo_sim.cli.common import plan_profile, refuse_plan_gemm_format  # noqa: PLC0415
+
+    profile = plan_profile(plan_file, plan, has_flag=False)
 
     refuse_plan_gemm_format(plan_file, plan, profile, profile_flag=False)  # as simulate and check-plan refuse it
     refuse_layout_problem(plan_file, plan, profile)  # as check-plan and export refuse it

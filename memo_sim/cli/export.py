@@ -53,12 +53,11 @@ def _refuse_a_layout_the_whatif_refuses(plan_file, plan) -> None:
     `layout_problem`) is refused in one line: the script would not run (a review: 131,073 tokens exported beside
     --context-parallel-size 4 --sequence-parallel); so is one check-plan refuses for its own fields (a framework
     memo does not know: `memo_sim.cli.explain.refuse_runnable_problems`)."""
-    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.plan_check import refuse_layout_problem  # noqa: PLC0415
 
-    from memo_sim.cli.common import refuse_plan_gemm_format  # noqa: PLC0415
+    from memo_sim.cli.common import plan_profile, refuse_plan_gemm_format  # noqa: PLC0415
 
-    profile = load_profile(plan.profile)
+    profile = plan_profile(plan_file, plan, has_flag=False)
     refuse_plan_gemm_format(plan_file, plan, profile, profile_flag=False)  # as simulate, explain, check-plan
     refuse_layout_problem(plan_file, plan, profile)
     from memo_sim.cli.explain import refuse_runnable_problems  # noqa: PLC0415

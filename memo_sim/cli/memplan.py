@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from memo_sim.cli.common import (BATCH, DEGREE, asked_policy, build_model, count_option, model_options,
+from memo_sim.cli.common import (BATCH, DEGREE, FiniteRange, asked_policy, build_model, count_option, model_options,
                                  profile_option, progress_option, status_line)
 from memo_sim.errors import MemoError
 from memo_sim.policy import policy_names
@@ -30,12 +30,12 @@ MEMO_ALPHA = 0.5  # the memo policy's alpha where --alpha is not given
               help="Tensor-parallel flavour (METP's level-1 traces hold its ring's blocks and double buffers).")
 @click.option("--policy", default="memo", show_default=True, type=click.Choice(policy_names()),
               help="Activation policy whose tensors are planned.")
-@click.option("--alpha", type=click.FloatRange(0, 1),
+@click.option("--alpha", type=FiniteRange(0, 1),
               help=f"MEMO's offloaded fraction (--policy memo; default {MEMO_ALPHA}); other policies take none.")
 @profile_option("Hardware profile (a name or a .yaml file) whose usable GPU memory the plan and the caching "
                 "allocator's replay are held against. A --csv/--trace plan uses it only where --profile is given; "
                 "without it the replay runs on a device large enough for the plan (no capacity, no out-of-memory).")
-@click.option("--time-limit", default=10.0, show_default=True, type=click.FloatRange(0.1, 3600),
+@click.option("--time-limit", default=10.0, show_default=True, type=FiniteRange(0.1, 3600),
               help="Seconds per DSA solve.")
 @click.option("--solver", default="auto", show_default=True,
               type=click.Choice(["auto", "search", "mip-highs", "mip-cbc", "greedy"]),

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import progress_bar, progress_option, refuse_plan_gemm_format, refuse_unwritable_out
+from memo_sim.cli.common import (comma_items, plan_profile, progress_bar, progress_option, refuse_plan_gemm_format,
+                                 refuse_unwritable_out)
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json, output_folder
 from memo_sim.forked import beside
@@ -43,12 +44,11 @@ LAYERS_HELP = ("Layer range for the Gantt chart, both ends included (e.g. 14:16)
 
 def _load_plan_and_profile(plan_file: str, profile_override: str | None):
     from memo_sim.plan.schema import read_plan
-    from memo_sim.profile.loader import load_profile
 
     from memo_sim.cost.gemm_format import plan_for_profile
 
     plan = read_plan(plan_file)
-    profile = load_profile(profile_override or plan.profile)
+    profile = plan_profile(plan_file, plan, profile_override)
     refuse_plan_gemm_format(plan_file, plan, profile)
     from memo_sim.search.plan_check import refuse_layout_problem
 
@@ -276,11 +276,12 @@ def plot_cmd(timeline_file, out_dir, layers_text, device):
 
 
 def _parse_alphas(text: str) -> list[float]:
+    items = comma_items(text, "--alphas", "0,0.25,0.5")
     try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
+        vals = [float(x) for x in items]
     except ValueError:
         raise MemoError(f"--alphas: expected comma-separated numbers in [0, 1], got {text!r}") from None
-    if not vals or any(not (0.0 <= v <= 1.0) for v in vals):
+    if any(not (0.0 <= v <= 1.0) for v in vals):
         raise MemoError(f"--alphas: every alpha must lie in [0, 1], got {text!r}")
     return vals
 
@@ -384,11 +385,7 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
     fmt = resolve_format(out_format, as_json)
     jobs = jobs or default_jobs()
     plan, profile = _load_plan_and_profile(plan_file, profile_override)
-    if any(not s.strip() for s in seqs.split(",")):
-        raise MemoError(f"--seqs {seqs!r}: an empty length between commas; give lengths like 64K,128K,1M")
-    lens = [parse_count(s.strip(), "--seqs") for s in seqs.split(",")]
-    if not lens:
-        raise MemoError("--seqs: give at least one sequence length")
+    lens = [parse_count(s, "--seqs") for s in comma_items(seqs, "--seqs", "64K,128K,1M")]
     dup = next((n for i, n in enumerate(lens) if n in lens[:i]), None)
     if dup is not None:
         raise MemoError(f"--seqs: {fmt_count(dup)} is given twice; give each length once")
@@ -572,8 +569,9 @@ def sweep_subseqs_cmd(plan_file, out_dir, subseqs_text, profile_override, no_sim
     if plan.schedule != "sppo":
         raise MemoError(f"{plan_file}: sweep-subseqs needs an SPPO plan (policy sppo), not {pol0.name}")
     try:
-        ns = sorted({int(x) for x in (subseqs_text or DEFAULT_SUBSEQS).split(",") if x.strip()}
-                    | (set() if subseqs_text else {pol0.subseqs}))
+        given = subseqs_text is not None
+        ns = sorted({int(x) for x in comma_items(subseqs_text if given else DEFAULT_SUBSEQS, "--subseqs", "4,8,16")}
+                    | (set() if given else {pol0.subseqs}))
     except ValueError:
         raise MemoError(f"--subseqs: expected comma-separated whole numbers, got {subseqs_text!r}") from None
     if not ns or min(ns) < 1:

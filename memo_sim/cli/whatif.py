@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields
 import click
 
 from memo_sim.cli.common import (
+    FiniteRange,
     alloc_conf_option,
     moe_layout_options,
     BATCH,
@@ -112,7 +113,7 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--policy", "policies", multiple=True, type=click.Choice(policy_names()),
               help="Only these activation policies (repeatable); the default framework (any) offers all but "
                    + policy_frameworks_words() + ".")
-@click.option("--alpha", type=click.FloatRange(0, 1), help="Fix MEMO's offload fraction alpha.")
+@click.option("--alpha", type=FiniteRange(0, 1), help="Fix MEMO's offload fraction alpha.")
 @click.option("--pp", type=click.IntRange(1, 4096),
               help="Fix the pipeline degree (stages): 1F1B and interleaved 1F1B for every policy, SPPO for sppo.")
 @click.option("--decoder-first-pipeline-num-layers", "first_stage_layers", type=click.IntRange(1, 4096),

@@ -257,7 +257,7 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
                 if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                     raise refuse(k, f"must be a positive whole number, got {v!r}")
                 return v
-        raise refuse(keys[0], "missing")
+        raise refuse(keys[0], "missing; add it (the model's own config.json has it)")
 
     if mt == "gpt2":
         hidden, layers, heads = need("n_embd", "hidden_size"), need("n_layer", "num_hidden_layers"), need("n_head")
@@ -431,7 +431,7 @@ def _dtype_and_tied(c: dict, refuse) -> tuple[str, bool]:
 def _whole(c: dict, key: str, refuse, minimum: int = 1) -> int:
     v = c.get(key)
     if v is None:
-        raise refuse(key, "missing")
+        raise refuse(key, "missing; add it (the model's own config.json has it)")
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise refuse(key, f"must be a whole number >= {minimum}, got {v!r}")
     return v

@@ -183,7 +183,7 @@ class _GPUIn(_In):
     @model_validator(mode="after")
     def _reserved_below_memory(self):
         if float(self.reserved) >= float(self.memory):
-            raise ValueError("gpu.reserved must be smaller than gpu.memory; check both values and units")
+            raise ValueError("reserved must be smaller than memory; check both values and units")
         return self
 
 
