@@ -35,6 +35,7 @@ from memo_sim.plan.schema import ATTENTION_BACKENDS
 BACKENDS = ATTENTION_BACKENDS  # the names plan.json may carry (memo_sim.plan.schema)
 AUTO_ORDER_CUDA = ("flash_attn", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "math")
 CUDA_ONLY = ("sdpa_efficient", "sdpa_cudnn", "flash_attn")  # the rest run on a CPU too
+ON_CPU = tuple(sorted(n for n in BACKENDS if n != "auto" and n not in CUDA_ONLY))  # math, sdpa_flash
 # the backends that run a priced kernel (`memo_sim.plan.Plan.priced_attention_kernel`) where ``auto``'s
 # order would pick another: a plan priced on cuDNN's fused attention runs torch SDPA's cuDNN kernel first
 PRICED_KERNEL_BACKENDS = {"cudnn": ("sdpa_cudnn",)}
@@ -549,6 +550,24 @@ def device_why_not(name: str, device) -> None:
     a TP rank, or a ring CP rank, whose ring runs its own kernel)."""
     if device.type != "cuda" and name in CUDA_ONLY:
         raise BackendError(f"attention backend {name} needs a CUDA device (on CPU use math or sdpa_flash)")
+
+
+def check_backend_device(flag: str | None, plan_backend: str, plan_file, device_type: str, what: str = "run") -> None:
+    """Refuse, before anything runs, a CUDA-only attention backend on a device of type ``device_type`` other than
+    cuda, in one line naming where the name came from and the fix: ``--attention-backend`` (``flag``) where given,
+    else the plan's ``attention_backend`` field in ``plan_file``, which --attention-backend overrides (a review: the
+    plan's flash_attn on a CPU run was refused as "attention backend flash_attn needs a CUDA device", naming neither
+    the plan, its field nor the override)."""
+    name = flag or plan_backend
+    if device_type == "cuda" or name not in CUDA_ONLY:
+        return
+    on = " or ".join(ON_CPU)
+    if flag:
+        raise BackendError(f"--attention-backend {name} needs a CUDA device, and this {what} is on {device_type}; "
+                           f"give --attention-backend {on}, or {what} on a GPU with --device cuda")
+    raise BackendError(f"{plan_file}: attention_backend {name} needs a CUDA device, and this {what} is on "
+                       f"{device_type}; override the plan's with --attention-backend {on}, or {what} on a GPU with "
+                       f"--device cuda")
 
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype, dims: AttnDims,

@@ -140,6 +140,7 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
 
     set_env(plan.layout, device)  # before anything touches CUDA (the ranks --nproc launches inherit it)
     check_plan_contract(plan, plan_file, not no_memory_plan, device, attention_backend, profile)
+    _backend_runs_on(plan, plan_file, attention_backend, device, "run")  # the plan's field or the flag, named
     if in_torchrun():
         from memo_exec.distributed.launch import CommFailure, run_rank  # noqa: PLC0415
 
@@ -159,6 +160,10 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
     use_profile(plan, profile)  # a profile that does not load stops here, before anything runs
     if profile is None:  # the plan's own, as check-plan loads it (a review: a plan check-plan refused ran here)
         _plan_profile_loads(plan, plan_file)
+    if tokens_file is not None:  # the ranks' own check (`TokenSource`), here before --out is staged or a rank starts
+        from memo_exec.data import check_tokens  # noqa: PLC0415
+
+        check_tokens(tokens_file, plan.model.vocab, plan.seq_tokens)
     if nproc is None and plan.layout.gpus == 1 and distributed_only(plan):  # e.g. SPPO with pp = 1
         _run_one_process(plan_file, opts, out_dir, as_json, pg_timeout, progress)
         _warn(warn)
@@ -228,6 +233,19 @@ def _layers_fit(plan, layers: int | None) -> None:
         why = str(e).splitlines()[0].replace("(top): ", "")
         raise ExecError(f"--layers {layers}: the plan's model cut to {layers} layers is refused ({why}); give another "
                         f"--layers, up to its {m.layers}") from None
+
+
+def _backend_runs_on(plan, plan_file, attention_backend, device, what: str) -> None:
+    """Refuse a CUDA-only attention backend on a device that is not CUDA in one line naming --attention-backend where
+    it was given, else the plan's ``attention_backend`` field (`memo_exec.attention.check_backend_device`), before
+    anything runs (the refusal inside the executor named neither)."""
+    from memo_exec.attention import CUDA_ONLY, check_backend_device  # noqa: PLC0415 - imports torch
+
+    if (attention_backend or plan.attention_backend) not in CUDA_ONLY:
+        return
+    from memo_exec.device import resolve_device  # noqa: PLC0415
+
+    check_backend_device(attention_backend, plan.attention_backend, plan_file, resolve_device(device).kind, what)
 
 
 def _warn(line: str | None) -> None:
@@ -389,7 +407,8 @@ def _cores_of_one_process(res, share) -> None:
 @click.option("--attention-backend", default=None, type=click.Choice(BACKENDS),
               help="override the plan's attention_backend")
 @click.option("--target", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]),
-              help="with --device meta: the device the plan will run on (what --attention-backend auto resolves to)")
+              help="with --device meta: the device the plan will run on (what --attention-backend auto resolves "
+                   "to); refused with another --device, which records on that device")
 @click.option("--cuda-history", default=None, type=click.Path(dir_okay=False),
               help="also write what the CUDA caching allocator saw (torch.cuda.memory._record_memory_history)")
 @click.option("--write-plan", default=None, type=click.Path(dir_okay=False),
@@ -404,6 +423,13 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
         from memo_exec.device import check_device_name  # noqa: PLC0415
 
         check_device_name(device, TRACE_DEVICES)
+    for flag, path in (("--out", out_file), ("--cuda-history", cuda_history), ("--write-plan", write_plan)):
+        if path is not None and not path.strip():  # '' was written as '.' (--out) or skipped (--write-plan)
+            raise ExecError(f"{flag} is empty; give a file path (e.g. {flag} {_TRACE_EXAMPLES[flag]})")
+    if device != "meta" and click.get_current_context().get_parameter_source("target").name != "DEFAULT":
+        raise ExecError(f"--target {target} applies only with --device meta (the device the plan will run on); with "
+                        f"--device {device} the layer is recorded on that device: drop --target, or give --device "
+                        f"meta")
     plan = read_plan(plan_file)
     if plan.layout.kernel_fusion != "fused":  # the executor's layer runs uncompiled
         raise ExecError(f"plan layout {plan.layout.label()}: kernel_fusion {plan.layout.kernel_fusion}: the executor's "
@@ -418,6 +444,8 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
     if why:
         raise ExecError(why)
     _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan)
+    if device != "meta":  # the plan's CUDA-only attention_backend (or the flag's) on a CPU, named as run names it
+        _backend_runs_on(plan, plan_file, attention_backend, device, "trace")
     tr = record_layer_trace(plan, device, dtype, attention_backend, target)
     tr.write_json(out_file)
     click.echo(f"wrote {out_file}: {len(tr)} buffers, max live {tr.max_live_bytes() / 2**20:.1f} MiB")
@@ -429,6 +457,10 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
         plan.memory_plan = memory_plan_from_trace(tr)
         _write_plan(plan, write_plan)
         click.echo(f"wrote {write_plan}: arena {plan.memory_plan.transient_arena_bytes / 2**20:.1f} MiB")
+
+
+_TRACE_EXAMPLES = {"--out": "layer_trace.json", "--cuda-history": "cuda_history.json",
+                   "--write-plan": "plan_with_memory_plan.json"}
 
 
 def _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan) -> None:

@@ -18,12 +18,7 @@ class TokenSource:
         self.path = Path(path) if path is not None else None
         self.data: np.ndarray | None = None
         if self.path is not None:
-            self.data = load_tokens(self.path)
-            if self.data.size < seq + 1:
-                raise ExecError(f"--tokens {self.path}: {self.data.size} tokens, need at least seq+1 = {seq + 1}")
-            top = int(self.data.max())
-            if top >= vocab or int(self.data.min()) < 0:
-                raise ExecError(f"--tokens {self.path}: token id {top} outside the model's vocabulary [0, {vocab})")
+            self.data = check_tokens(self.path, vocab, seq)
 
     def describe(self) -> str:
         return f"file {self.path} ({self.data.size} tokens)" if self.path else f"synthetic (seed {self.seed})"
@@ -43,9 +38,35 @@ class TokenSource:
         return toks[:, :-1].contiguous(), toks[:, 1:].contiguous()
 
 
+def check_tokens(path: str | Path, vocab: int, seq: int) -> np.ndarray:
+    """The token ids of the ``--tokens`` file ``path`` (flat), refused in one line naming --tokens where a run of
+    ``seq`` tokens a sequence and a vocabulary of ``vocab`` cannot train on them: a file that is missing, unreadable,
+    not ids (`load_tokens`), shorter than seq+1 ids, or holding an id below 0 or from ``vocab`` on (the first such id
+    named). The one check of every path: `TokenSource` (each executor, each rank) and ``memo-exec run``'s launching
+    process before it stages --out or starts --nproc's ranks (a review: a short file was refused inside torchrun's
+    ranks, leaving a hidden stage folder with torchrun's traceback)."""
+    path = Path(path)
+    data = load_tokens(path)
+    if data.size < seq + 1:
+        raise ExecError(f"--tokens {path}: {data.size} tokens, need at least seq+1 = {seq + 1} (the plan's sequence "
+                        f"of {seq} and its next-token targets); give a longer token file")
+    lo, hi = int(data.min()), int(data.max())
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        raise ExecError(f"--tokens {path}: token id {bad} outside the model's vocabulary [0, {vocab}); give a file of "
+                        f"ids from 0 to {vocab - 1} (the plan's model vocab)")
+    return data
+
+
 def load_tokens(path: Path) -> np.ndarray:
     if not path.is_file():
         raise ExecError(f"--tokens {path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        raise ExecError(f"--tokens {path}: cannot be read ({e.strerror or e}); give a token file you can read"
+                        ) from None
     if path.stat().st_size == 0:
         raise ExecError(f"--tokens {path}: the file is empty; give a .npy array or a .bin file of token ids")
     if path.suffix == ".npy":

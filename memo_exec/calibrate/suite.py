@@ -219,6 +219,13 @@ def check_options(opts: CalibrateOptions) -> tuple[DeviceSpec, dict]:
     if opts.attention_backend not in attn_bench_backends():
         raise ExecError(f"--attention-backend must be one of {', '.join(attn_bench_backends())}, "
                         f"got {opts.attention_backend!r}")
+    from memo_exec.attention import CUDA_ONLY, ON_CPU  # noqa: PLC0415
+
+    if not spec.is_cuda and opts.attention_backend in CUDA_ONLY:  # refused before any benchmark, not after the GEMMs
+        on = ", ".join(("auto",) + ON_CPU[:-1]) + f" or {ON_CPU[-1]}"
+        raise ExecError(f"--attention-backend {opts.attention_backend} needs a CUDA device, and this calibration "
+                        f"runs on the CPU; give --attention-backend {on} on a CPU, or calibrate a GPU with --device "
+                        f"cuda")
     return spec, peak
 
 
