@@ -383,7 +383,14 @@ def _queries_only(out: Path, timeout: float = QUERY_TIMEOUT_S) -> None:
     part = "\n".join(report_lines(res)[:2] + [head, "", *report_lines(res)[2:]]) + f"\n- Load after: `{uptime()}`\n"
     old = out.read_text() if out.exists() else ""
     keep = old.split(PART4)[0].rstrip() if PART4 in old else old.rstrip()
-    text = (keep + "\n\n" if keep else "") + part
+    # the part's earlier runs kept below the new one: the run it replaces as a section of its own, then the
+    # ### sections that were there (what each change did, when)
+    history = ""
+    if PART4 in old:
+        body = old.split(PART4, 1)[1]
+        last, _, rest = body.partition("\n### ")
+        history = "\n### The run this one replaced\n" + last.rstrip() + "\n" + ("\n### " + rest if rest else "")
+    text = (keep + "\n\n" if keep else "") + part + history
     atomic_write_text(out, text)
     print(text)
 
