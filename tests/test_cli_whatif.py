@@ -129,17 +129,23 @@ def test_simulated_and_analytic_rows_apart(tmp_path):
     assert tiers[:2 + extra] == ["simulated"] * (2 + extra) and set(tiers[2 + extra:]) == {"analytic"}
 
 
-def test_memo_alpha_1_folded_into_full_offload(tmp_path):
+def test_memo_alpha_1_folded_into_full_offload_on_one_allocator(tmp_path):
+    """MEMO at alpha 1 moves full offload's bytes on its static memory plan: one row beside full offload on a plan
+    (--allocator plan; an audit, 2026-12-02: --allocator both listed the pair twice, identical), its own row beside
+    full offload on the caching allocator, whose reserved peak and fragmentation differ."""
     import re
 
     args = ["whatif", "--seq", "128K", "--tp", "8", "--tp-mode", "megatron", "--policy", "memo", "--policy",
             "full_offload", "--alpha", "1", "--no-plan", "--jobs", "1"]
-    r = run(args)
-    assert r.exit_code == 0, r.output
-    rows = [ln for ln in r.output.splitlines() if re.match(r"^\s*\d+\s+tp", ln)]
-    assert len(rows) == 2  # tp8+sp and tp8: one row per layout, not two
-    assert "moves and rebuilds the same bytes as" in r.output and "duplicates folded" in r.output
-    obj = json.loads(run(args + ["--json"]).output)
+    for allocator, rows_per_layout in (("plan", 1), ("caching", 2), ("both", 2)):
+        r = run(args + ["--allocator", allocator])
+        assert r.exit_code == 0, r.output
+        rows = [ln for ln in r.output.splitlines() if re.match(r"^\s*\d+\s+tp", ln)]
+        assert len(rows) == 2 * rows_per_layout, (allocator, rows)  # tp8+sp and tp8
+        on_plan = sum("sim/mem plan" in ln for ln in rows)
+        assert on_plan == 2, (allocator, rows)  # one row per layout on a static plan: memo's, never a copy of it
+        assert ("moves and rebuilds the same bytes as" in r.output) == (allocator != "caching"), allocator
+    obj = json.loads(run(args + ["--allocator", "plan", "--json"]).output)
     assert obj["folded_duplicates"] == len(obj["candidates"]) and all(c.get("folded") for c in obj["candidates"])
 
 
@@ -832,7 +838,7 @@ def test_small_answers_a_review_found_misleading(tmp_path):
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--seqs", "64K,,1M", "--out",
                                  str(tmp_path / "s")])
-    assert r.exit_code == 2 and "an empty length between commas" in r.output, r.output
+    assert r.exit_code == 2 and "an empty item between commas" in r.output, r.output
     r = CliRunner().invoke(cli, ["maxseq", "--model", "gpt-175b", "--gpus", "1", "--step", "4K"])
     assert r.exit_code == 3 and "model states alone exceed the GPU memory" in r.output, r.output
     assert "smaller --step" not in r.output and "1 GPUs" not in r.output

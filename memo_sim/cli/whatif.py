@@ -170,7 +170,8 @@ def whatif(**options):
 
     One ranked table holds both tiers: the simulated rows (tier 2, the event simulator), then the
     analytic-only rows (tier 1), its tier column saying which; --details also lists the two tiers apart.
-    Rows that do the same thing under two policy names (memo at alpha=1 and full_offload) are listed once.
+    Rows that do the same thing under two policy names on one allocator (memo at alpha=1 and full_offload on a
+    static memory plan) are listed once.
 
     Exit status: 0 when a plan fits (plan.json written unless --no-plan), 3 when no candidate
     fits (no plan written, and the plan.json and plan-sppo.json an earlier what-if wrote into --out

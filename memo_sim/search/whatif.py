@@ -901,7 +901,10 @@ def behaviour_key(c: Candidate, behaviours: dict | None = None) -> tuple:
         what = behaviours.get(k)
         if what is None:
             what = behaviours[k] = c.policy.behaviour(c.model.layers)
-    return (c.layout, c.schedule, c.batch, c.micro_batch, what)
+    layout = c.layout
+    if c.policy.static_memory_plan and not layout.memory_plan:  # MEMO's own plan is the layout asked to run on one
+        layout = replace(layout, memory_plan=True)  # (an audit: memo at alpha 1 beside full_offload -memplan, twice)
+    return (layout, c.schedule, c.batch, c.micro_batch, what)
 
 
 def fold_duplicates(candidates: list[Candidate]) -> list[Candidate]:
