@@ -96,10 +96,13 @@ def test_an_uneven_split_is_tried_each_way_round(tmp_path):
              "--framework", "megatron", "--policy", "store_all", "--no-plan", "--json"])
     assert r.exit_code == 0, r.output
     rows = {c["layout"].split("-")[1]: c for c in json.loads(r.stdout)["candidates"]}
-    assert {"pp4f6l7", "pp4f7l6"} <= set(rows)
+    # every split of the ends with the middle stages at ceil(29 / 4) = 8 (an audit, 2026-12-02: DeepSeek-V3's
+    # lighter last stage, f4l1 on 16 stages, ran 11% faster than the two middle splits tried): here f8l5 wins
+    assert {"pp4f6l7", "pp4f7l6", "pp4f5l8", "pp4f8l5"} == set(rows)
     best = json.loads(r.stdout)["candidates"][0]
-    assert best["layout"].split("-")[1] == "pp4f7l6"  # the faster here (the test of both: they are ranked)
-    assert best["simulated_iteration_s"] < rows["pp4f6l7"]["simulated_iteration_s"]
+    assert best["layout"].split("-")[1] == "pp4f8l5"  # the faster here (the test of all: they are ranked)
+    t = {k: c["simulated_iteration_s"] for k, c in rows.items()}
+    assert t["pp4f8l5"] < t["pp4f7l6"] < t["pp4f6l7"] < t["pp4f5l8"]
 
 
 def test_a_whatif_request_is_checked_as_the_commands_options_are():

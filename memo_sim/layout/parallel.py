@@ -888,8 +888,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     moe_kw = {"moe_dispatcher": experts.dispatcher, "moe_balance": experts.balance, "ulysses_kv": ulysses_kv}
     splits = [(first, last)]
     if pp > 1 and first is None and last is None and not chunks:
-        first, last = uneven_split(model.layers, pp) or (0, 0)
-        splits = [(first, last)] + [(last, first)] * (first != last)  # the larger end first too (module docs)
+        splits = uneven_splits(model.layers, pp) or [(0, 0)]  # every split of the ends (`uneven_splits`)
     ends_options = [{"first_stage_layers": f or 0, "last_stage_layers": lst or 0} if pp > 1 else {}
                     for f, lst in splits]
     if chunks:
@@ -1171,6 +1170,23 @@ def virtual_stage_layers(n_layers: int, pp: int, vpp: int = 1, first: int = 0, l
         out.append(range(at, at + c))
         at += c
     return out
+
+
+def uneven_splits(n_layers: int, pp: int) -> list[tuple[int, int]]:
+    """Every (first, last) split the search tries where ``n_layers`` does not divide into ``pp`` stages: the
+    stages between hold ceil(n / pp) layers each and the two ends share the rest, each at least one layer and at
+    most the others' count; `uneven_split`'s first, then its reverse, then the rest from the most even (an audit,
+    2026-12-02: DeepSeek-V3 on 16 stages ranked f3l2 best where f4l1, its last stage holding the MTP module, the
+    classifier and one layer, ran 11% faster; the two middle splits alone never lightened the last stage that far).
+    Empty where no such split exists."""
+    best = uneven_split(n_layers, pp)
+    if best is None:
+        return []
+    m = -(-n_layers // pp)
+    rem = sum(best)
+    others = sorted(((f, rem - f) for f in range(max(1, rem - m), min(m, rem - 1) + 1)),
+                    key=lambda fl: (abs(fl[0] - fl[1]), fl[0]))
+    return list(dict.fromkeys([best, best[::-1], *others]))
 
 
 def uneven_split(n_layers: int, pp: int) -> tuple[int, int] | None:
