@@ -138,6 +138,8 @@ def entry_arguments(who: str, model, layout, batch, seq, policy, profile, micro_
         raise bad("profile", profile, "give a HardwareProfile (memo_sim.api.load_profile) or a profile's name")
     ints = {f: int(getattr(layout, f)) for f in _DEGREES + ("zero",)
             if type(getattr(layout, f)) is not int}  # numpy's integers as Python's, as the layout's checks take them
+    if model.moe and not layout.moe:  # the label says where a mixture's experts are (`Layout.moe`)
+        ints["moe"] = True
     if ints:
         from dataclasses import replace  # noqa: PLC0415
 

@@ -217,6 +217,11 @@ class Layout:
     # (stage GPUs, stage stride, replica stride, ranks between stages, stages); () for a whole layout. Never in a
     # plan file (`to_dict`): derived from the degrees each time a shard is made.
     stage_place: tuple[int, ...] = field(default=(), repr=False)
+    # the model is a mixture of experts: only the label reads it (`label`: "ep1" where TP > 1 keeps the experts whole
+    # on every TP rank, which a bare "tp2+sp" hid; an audit, 2026-12-02, found two such rows 1.67x apart looking
+    # alike). Set where a model's layouts are made (`enumerate_layouts`, a plan read with its model); never in a plan
+    # file, no part of equality or hashing.
+    moe: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.stage_place and (self.pp > 1 or self.dp > 1):  # a whole layout places its own groups
@@ -381,7 +386,7 @@ class Layout:
             parts.append("memplan")
         if self.optimizer_offload:
             parts.append("optim-offload")
-        if self.ep > 1 or self.etp > 1:
+        if self.ep > 1 or self.etp > 1 or (self.moe and self.tp > 1):  # etp 1 under TP said (`moe`)
             parts.insert(1, f"ep{self.ep}" + (f"etp{self.etp}" if self.etp > 1 else ""))
         if self.dp_mode != "zero":
             parts.append(self.dp_mode + (f"{self.fsdp_shard}" if self.fsdp_shard else "")
@@ -397,6 +402,7 @@ class Layout:
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}  # every field is a scalar (no deep copy needed)
         del d["stage_place"]  # a shard's, derived from its whole layout's degrees
+        del d["moe"]  # the model's, which the plan carries
         if self.pp == 1:  # plans without a pipeline keep their pre-SPPO shape
             del d["pp"]
         if self.vpp == 1:  # and those without virtual stages their pre-interleaving one
@@ -918,7 +924,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
                 continue
             for (e, et), ends in product(experts.options(model, t * c * u * d, t), ends_options):
                 base = Layout(tp=t, sp=s if t > 1 else True, cp=c, ulysses=u, dp=d, zero=z, tp_mode=mode, pp=pp, **ends,
-                              ep=e, etp=et, **moe_kw)
+                              ep=e, etp=et, moe=model.moe, **moe_kw)
                 for lay in _dp_variants(base, dp_modes, gpus_per_node, replicate_fsdp):
                     why = check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
                     (rejected.append((lay, why)) if why else valid.append(lay))

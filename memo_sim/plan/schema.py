@@ -32,7 +32,7 @@ Top-level fields (units in the key names)::
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -165,6 +165,8 @@ class Plan:
         try:
             model = ModelConfig.from_dict(raw.model, source=f"{source}: model")
             layout = Layout.from_dict(raw.layout, source=f"{source}: layout")
+            if model.moe:  # the label says where the experts are (`Layout.moe`)
+                layout = replace(layout, moe=True)
             pol = raw.policy
             pcls = policy_class(pol["policy"])
             if hasattr(pcls, "from_dict"):  # a policy with its own plan fields (SPPO's subsequence plan)
