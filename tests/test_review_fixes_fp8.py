@@ -166,4 +166,4 @@ def test_explain_says_which_peak_an_fp8_plans_mfu_is_of(tmp_path):
                                  "megatron", "--jobs", "1", "--simulate-top", "1", "--out", str(out)])
     assert r.exit_code == 0, r.output
     first = CliRunner().invoke(cli, ["explain", str(out / "plan.json")]).output.splitlines()[0]
-    assert "(of the bf16 peak)" in first, first
+    assert "(of the bf16 peak; " in first and "% of the fp8 peak)" in first, first

@@ -60,10 +60,13 @@ def mfu_words(mfu: float, model, profile=None) -> str:
     explain, simulate, sweep-seq, check-plan and maxseq say an MFU (a review: check-plan, simulate and sweep-seq
     printed an FP8 plan's "MFU 77.6%" bare)."""
     over = ""  # above 100%: the GEMMs' format runs faster than the dtype's peak MFU is counted against
-    if mfu_peak_words(model) and profile is not None and mfu > 1.0:
+    if mfu_peak_words(model) and profile is not None and model.gemm.peak in profile.gpu.peak_flops:
         gemm_peak, dtype_peak = profile.peak(model.gemm.peak), profile.peak(model.dtype)
-        over = (f": above 100% because the layer GEMMs run in {model.gemm_format}, whose peak is "
-                f"{gemm_peak / dtype_peak:.0f}x the {model.dtype} one")
+        if mfu > 1.0:
+            over = (f": above 100% because the layer GEMMs run in {model.gemm_format}, whose peak is "
+                    f"{gemm_peak / dtype_peak:.0f}x the {model.dtype} one")
+        elif gemm_peak != dtype_peak:  # the same FLOPs against the GEMMs' own peak (an audit: "72.5%" read as a
+            over = f"; {100 * mfu * dtype_peak / gemm_peak:.1f}% of the {model.gemm.peak} peak"  # bf16 MFU alone)
     return f"MFU {100 * mfu:.1f}%" + mfu_peak_words(model, over)
 
 
