@@ -142,19 +142,35 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
     check_plan_contract(plan, plan_file, not no_memory_plan, device, attention_backend, profile)
     _backend_runs_on(plan, plan_file, attention_backend, device, "run")  # the plan's field or the flag, named
     if in_torchrun():
-        from memo_exec.distributed.launch import CommFailure, run_rank  # noqa: PLC0415
+        from memo_exec.distributed import launch  # noqa: PLC0415
 
+        # A rank of several leaves without interpreter finalization, whether its work is done or it refused (one
+        # line, exit 2, `user_errors`'s: after it joined the process group, the memory check) or a collective failed
+        # (exit 1): there gloo's C++ threads can still drop tensors that need the GIL and abort the process (SIGABRT,
+        # "terminate called without an active exception"; a review: 4 refusals in 10 ended so, and the launcher then
+        # said the rank died). Its process group is destroyed by then (`run_rank`). A world of one (no peer, no
+        # pair threads) refuses as any command does.
+        several = launch.env_world() > 1
         try:
-            run_rank(plan_file, opts, out_dir, as_json, pg_timeout, progress, click.echo)
-        except CommFailure as e:
+            user_errors("while running the plan")(launch.run_rank)(plan_file, opts, out_dir, as_json, pg_timeout,
+                                                                    progress, click.echo)
+        except launch.CommFailure as e:
             click.echo(str(e), err=True)
-            sys.exit(1)
-        # The rank's work is done and its process group destroyed: leave without interpreter
-        # finalization, where gloo's C++ threads can still drop tensors that need the GIL and abort
-        # the process (SIGABRT, "terminate called without an active exception") after a clean run.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+            if not several:
+                sys.exit(1)
+            _leave(1)
+        except SystemExit as e:  # a user error's one line was said
+            if not several:
+                raise
+            _leave(e.code if isinstance(e.code, int) else 1)
+        except Exception:  # noqa: BLE001 - a bug: its traceback (in launcher.log), exit 1, not a SIGABRT over it
+            if not several:
+                raise
+            import traceback  # noqa: PLC0415
+
+            traceback.print_exc()
+            _leave(1)
+        _leave(0)  # the work done (a world of one too, as before)
     missing = None if no_memory_plan else memory_plan_missing(plan)  # check-plan's words, said once the run has run
     warn = f"warning: {plan_file}: {missing}" if missing else None  # (an error stays the one line a refusal prints)
     use_profile(plan, profile)  # a profile that does not load stops here, before anything runs
@@ -175,12 +191,14 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
 
         check_plan_for_world(plan, nproc, opts)
         backend_for(rank_device(device, 0))
+        _ranks_fit_host(plan, opts, nproc, rank_device(device, 0))  # the ranks together, before torchrun
         say_memory_plan_not_followed(plan, opts, click.echo)  # once the plan is not refused, before the ranks start
         from memo_sim.fileio import OutputFolder  # noqa: PLC0415
 
         # rank 0 writes into a staging folder in --out (beside it where it is created), moved in when every rank
         # succeeded; a failed or interrupted run leaves --out untouched and keeps the stage (its launcher.log,
-        # which the error line names) as the incomplete folder
+        # which the error line names) as the incomplete folder; a refusal of the ranks (exit 2: their one line
+        # says it all, and names no folder) removes it
         outf = OutputFolder(out_dir, "memo-exec run", RUN_OUTPUT_FLOOR_BYTES)
         argv = [plan_file, "--steps", str(steps), "--out", str(outf.stage), "--seed", str(seed), "--lr", repr(lr),
                 "--pg-timeout", repr(pg_timeout)]
@@ -193,6 +211,8 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         # the oversubscription line's figure), not from a meter of this launcher over its start-up and outputs too
         rc, said = launch_nproc(nproc, argv, str(outf.stage), progress, shown_out=out_dir)
         if rc:
+            if rc == 2:
+                outf.discard()
             _say(said)
             sys.exit(rc)
         outf.commit()
@@ -206,6 +226,36 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         raise ExecError(multi_device_words(plan, plan_file, rank_device(device, 0).kind))
     _run_single(plan, plan_file, opts, out_dir, as_json, progress)
     _warn(warn)
+
+
+def _leave(code: int) -> None:
+    """A torchrun rank's exit: its output flushed, then ``os._exit`` (no interpreter finalization: `run_cmd`)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader gone, or a stream closed: nothing more to say
+            pass
+    os._exit(code)
+
+
+def _ranks_fit_host(plan, opts, nproc: int, device_spec) -> None:
+    """--nproc's launcher on a CPU: refuse, before torchrun starts a rank or --out is staged, ranks that do not fit
+    this host's free memory together (`memo_exec.distributed.runner.launcher_fit_error`: every rank sized here from
+    the layout). A GPU run's ranks check in their processes (this one does not touch CUDA); a rank this process
+    cannot size (an error other than the fit) is left to the ranks, which check again in any case."""
+    if device_spec.is_cuda:
+        return
+    from memo_exec.distributed.runner import launcher_fit_error  # noqa: PLC0415
+    from memo_exec.errors import FitError  # noqa: PLC0415
+
+    try:
+        err = launcher_fit_error(plan, opts, nproc)
+    except FitError as e:
+        err = e
+    except Exception:  # noqa: BLE001 - the ranks set up as they will and say it in their own line
+        return
+    if err is not None:
+        raise err
 
 
 def _layers_fit(plan, layers: int | None) -> None:

@@ -200,15 +200,49 @@ def estimate_memory(model, batch: int, seq: int, dtype, policy, backend, dims, r
 
 
 def check_fit(est: MemoryEstimate, *, device_free: int, host_available: int, on_cuda: bool, what: str,
-              where: str, hint: str = "") -> None:
+              where: str, hint: str = "", host_ranks: list[tuple[int, int, int]] | None = None,
+              rank: int = 0) -> None:
     """Raise `FitError` when the estimate exceeds the device's free memory or (offloading on CUDA)
     the pinned pool exceeds the host's available memory. On a CPU the device is the host, so the
-    host pool counts against the same free memory."""
+    host pool counts against the same free memory.
+
+    ``host_ranks``: (rank, device bytes, host bytes) of every rank of a multi-rank run on this host, this one's
+    included (None, or one rank: this process alone); ``rank``: whose estimate ``est`` is. The ranks share the host:
+    on a CPU every rank's estimate and pool count against the host's free memory together, on CUDA every rank's
+    pinned pool against the host's available memory (each rank's device is its own, checked with its own estimate).
+    A review: each rank was checked alone against the whole host's free memory, so two ranks of 52 MB ran on 80 MB
+    free, and a tp-2 plan said one rank's share as what the host needed."""
+    ranks = host_ranks if host_ranks is not None and len(host_ranks) > 1 else None
+    if not on_cuda and ranks is not None:
+        needs = [t + h for _, t, h in ranks]
+        if sum(needs) > device_free:
+            n = len(needs)
+            whose = "each rank" if len({(t, h) for _, t, h in ranks}) == 1 else f"rank {rank}"
+            if len(set(needs)) == 1:
+                amount, terms = f"{n} ranks x {gib(needs[0])} = {gib(sum(needs))} on {where}", whose
+            else:
+                amount = f"{gib(sum(needs))} for its {n} ranks on {where}"
+                terms = f"{' + '.join(gib(v) for v in needs)}; {whose}"
+            raise FitError(f"does not fit: {what} needs about {amount} ({terms}: {_largest_terms(est)}), which has "
+                           f"{gib(device_free)} free{hint}")
     need = est.total + (0 if on_cuda else est.host)
     if need > device_free:
-        big = sorted(((k, v) for k, v in est.terms.items() if k != "peak_total"), key=lambda kv: -kv[1])[:3]
         raise FitError(f"does not fit: {what} needs about {gib(need)} on {where} "
-                       f"({', '.join(f'{k} {gib(v)}' for k, v in big)}), which has {gib(device_free)} free{hint}")
-    if on_cuda and est.host > host_available:
-        raise FitError(f"does not fit: offloaded activations need {gib(est.host)} of pinned host memory, "
+                       f"({_largest_terms(est)}), which has {gib(device_free)} free{hint}")
+    pools = [h for _, _, h in ranks] if on_cuda and ranks is not None else [est.host]
+    if on_cuda and sum(pools) > host_available:
+        if len(pools) == 1:
+            whose, amount = "offloaded activations", gib(est.host)
+        elif len(set(pools)) == 1:
+            whose, amount = "the offloaded activations of this host's ranks", \
+                f"{len(pools)} ranks x {gib(pools[0])} = {gib(sum(pools))}"
+        else:
+            whose = f"the offloaded activations of this host's {len(pools)} ranks"
+            amount = f"{gib(sum(pools))} ({' + '.join(gib(v) for v in pools)})"
+        raise FitError(f"does not fit: {whose} need {amount} of pinned host memory, "
                        f"the host has {gib(host_available)} available")
+
+
+def _largest_terms(est: MemoryEstimate) -> str:
+    big = sorted(((k, v) for k, v in est.terms.items() if k != "peak_total"), key=lambda kv: -kv[1])[:3]
+    return ", ".join(f"{k} {gib(v)}" for k, v in big)

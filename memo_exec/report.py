@@ -132,11 +132,29 @@ def compare_run(res: RunResult) -> Comparison:
     if plan.layout.metp:
         totals += ring_rows(measured, sim, sim_note)
     unpriced = [unpriced_ep_seconds(t) for t in measured]
-    return Comparison(totals, stream_rows(measured, rank0), op_rows(measured, rank0, bool(plan.model.mtp_layers)),
-                      res.estimate.compare(breakdown), source, sim_note, ptl, alltoall_rows(measured, rank0),
-                      times_comparable=times_comparable(res.meta, plan.profile), stale=stale,
+    streams, ops = stream_rows(measured, rank0), op_rows(measured, rank0, bool(plan.model.mtp_layers))
+    alltoall = alltoall_rows(measured, rank0)
+    why = times_not_comparable(res.meta, plan.profile)
+    mark_times_not_comparable(why, [r for r in totals if r["unit"] in TIME_UNITS], streams, ops, alltoall)
+    return Comparison(totals, streams, ops, res.estimate.compare(breakdown), source, sim_note, ptl, alltoall,
+                      times_comparable=why is None, stale=stale,
                       ep_unpriced_s=steady_value(unpriced) if any(unpriced) else None,
                       layer_timings=lt, layer_timings_from=lt_name)
+
+
+def mark_times_not_comparable(why: str | None, *tables: list[dict]) -> None:
+    """Where the predicted times are another kind of device's (``why``, `times_not_comparable`): every row of
+    ``tables`` (times: the totals' time rows, the stream, layer-op and all-to-all rows) that has a relative error gets
+    ``rel_error`` None and ``not_comparable`` ``why``, so that the run's JSON (--json, measured.json) reads them as
+    report.md does (an all-to-all row keeps its measured / predicted ratio, which report.md does not print beside
+    "not comparable": `alltoall_markdown`). A review: an A800 plan run on a CPU gave --json's iteration
+    time rel_error 103.1, a +10,310% error, where report.md said "not comparable". ``why`` None: as they are."""
+    if why is None:
+        return
+    for rows in tables:
+        for r in rows:
+            if r.get("rel_error") is not None:
+                r["rel_error"], r["not_comparable"] = None, why
 
 
 def predicted_layer_timings(plan, pred: dict, stale: str | None, other_profile: bool, sim_note: str,
@@ -374,7 +392,7 @@ def alltoall_markdown(rows: list[dict], simulation: str, world: int = 1, tpct=No
 
     t = lambda v: "—" if v is None else fmt_time(v)  # noqa: E731 - microseconds where they are
     for r in rows:
-        err = tpct(r["rel_error"])
+        err = time_error_cell(r, tpct)
         # no ratio beside an error that is not comparable (another machine's times): it would be that error plus one
         ratio = "—" if r["ratio"] is None or err.startswith(NOT_COMPARABLE) else f"{r['ratio']:.2f}"
         L.append(f"| {r['layer']} | {t(r['predicted_s'])} | {r['predicted_count']} | "
@@ -488,6 +506,12 @@ NOT_COMPARABLE = "not comparable"
 def _not_comparable(v) -> str:
     """A relative error that compares two different things (two machines, two element widths)."""
     return "—" if v is None else NOT_COMPARABLE
+
+
+def time_error_cell(row: dict, tpct=None) -> str:
+    """report.md's cell of a time row's relative error: "not comparable" where the row says so
+    (`mark_times_not_comparable`), else ``tpct`` (default `_pct`) of its error."""
+    return NOT_COMPARABLE if row.get("not_comparable") else (tpct or _pct)(row["rel_error"])
 TIME_UNITS = ("s", "tok/s", "")  # quantities of speed: a prediction for the profile's device only
 
 
@@ -506,8 +530,18 @@ def profile_device_kind(profile: str) -> str | None:
 def times_comparable(meta: dict, profile: str) -> bool:
     """Whether the plan's predicted times are predictions of this run: not when its profile
     describes another kind of device (a GPU profile's plan run on a CPU)."""
+    return times_not_comparable(meta, profile) is None
+
+
+def times_not_comparable(meta: dict, profile: str) -> str | None:
+    """Why the plan's predicted times are not predictions of this run, ``not comparable (the plan's profile P
+    describes a cuda device, this ran on cpu)`` (the flag of the JSON rows whose relative error is then None,
+    `mark_times_not_comparable`), or None where they are (`times_comparable`)."""
     kind = profile_device_kind(profile)
-    return kind is None or kind == ("cuda" if meta["device_kind"] == "cuda" else "cpu")
+    ran = "cuda" if meta["device_kind"] == "cuda" else "cpu"
+    if kind is None or kind == ran:
+        return None
+    return f"{NOT_COMPARABLE} (the plan's profile {profile} describes a {kind} device, this ran on {ran})"
 
 
 def cpu_speed_lines(m: dict) -> list[str]:
@@ -627,7 +661,10 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("|---|---:|---:|---:|---|")
     for r in rows:
         pct = tpct if r["unit"] in TIME_UNITS else _pct
-        err = r.get("not_comparable") or pct(r["rel_error"])  # bytes of another element width (`totals_rows`)
+        # bytes of another element width (`totals_rows`) say why in the cell; another device's times, said above the
+        # table, read "not comparable" (`mark_times_not_comparable`)
+        err = (NOT_COMPARABLE if r["unit"] in TIME_UNITS else r["not_comparable"]) if r.get("not_comparable") \
+            else pct(r["rel_error"])
         L.append(f"| {r['quantity']} | {_fmt(r['predicted'], r['unit'])} | {_fmt(r['measured'], r['unit'])} | "
                  f"{err} | {r['predicted_from']} |")
     L.append("")
@@ -655,7 +692,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append("|---|---|---:|---:|---:|")
     for r in cmp_.streams:
         L.append(f"| {r['stream']} | {r['quantity']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
-                 f"{tpct(r['rel_error'])} |")
+                 f"{time_error_cell(r, tpct)} |")
     if cmp_.ep_unpriced_s is not None:
         L.append("")
         L.append(ep_unpriced_note(cmp_.ep_unpriced_s))
@@ -666,7 +703,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     for r in cmp_.ops:
         layer = "head" if r["layer"] is None else r["layer"]
         L.append(f"| {layer} | {r['op']} | {_fmt(r['predicted_s'], 's')} | {_fmt(r['measured_s'], 's')} | "
-                 f"{tpct(r['rel_error'])} |")
+                 f"{time_error_cell(r, tpct)} |")
     if cmp_.alltoall:
         L.append("")
         L.append(alltoall_markdown(cmp_.alltoall, cmp_.simulation, m.get("world", 1), tpct))
@@ -899,10 +936,13 @@ def _busy(summaries: list[dict]) -> dict[str, float]:
     return {k: steady_value([s["stream_busy_s"].get(k, 0.0) for s in use]) for k in keys}
 
 
-def rank_rows(payloads: list[dict], predicted_iteration: float | None, micro_batches: int = 1) -> list[dict]:
+def rank_rows(payloads: list[dict], predicted_iteration: float | None, micro_batches: int = 1,
+              not_comparable: str | None = None) -> list[dict]:
     """Every rank's row of the 'Per rank' table; ``micro_batches``: the plan's per iteration, so a rank's
     ``iteration_tokens`` (its ``local_tokens``, one micro-batch's rows, times them) count the iteration's tokens
-    as the headline tokens/s does (a review read 512 'tokens' for pp 2 over 4 micro-batches of 512)."""
+    as the headline tokens/s does (a review read 512 'tokens' for pp 2 over 4 micro-batches of 512);
+    ``not_comparable``: why the predicted iteration is another device's (`times_not_comparable`): each row's
+    ``iteration_rel_error`` None and ``iteration_not_comparable`` that line, as the totals' rows."""
     rows = []
     for p in payloads:
         st = p["steady"]
@@ -919,6 +959,8 @@ def rank_rows(payloads: list[dict], predicted_iteration: float | None, micro_bat
                      "layer_recompute_s": st.get("layer_recompute_s"),
                      "busy_s": busy, "ep_unpriced_s": unpriced, "peak_memory_bytes": st.get("peak_allocated_bytes"),
                      "ring_stall_s": _ring_stall(p["events"]), "last_loss": p["losses"][-1]})
+        if not_comparable is not None and rows[-1]["iteration_rel_error"] is not None:
+            rows[-1]["iteration_rel_error"], rows[-1]["iteration_not_comparable"] = None, not_comparable
     return rows
 
 
@@ -1012,7 +1054,7 @@ def write_rank_outputs(payloads: list[dict], res0, out_dir: str | Path, plan_fil
     """Rank 0: merged trace and measured timeline, per-rank rows appended to report.md."""
     out = Path(out_dir)
     pred = comparison.predicted_iteration()  # the totals' prediction (--profile re-predicts it)
-    rows = rank_rows(payloads, pred, res0.plan.micro_batches)
+    rows = rank_rows(payloads, pred, res0.plan.micro_batches, times_not_comparable(res0.meta, res0.plan.profile))
     meta = dict(res0.meta)
     meta.update({"plan_file": str(plan_file), "per_rank": rows, "iteration_spread": spread([r["iteration_s"]
                                                                                            for r in rows])})

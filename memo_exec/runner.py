@@ -224,19 +224,26 @@ class ExecutorBase:
     estimate, and provides ``allocate``, ``forward_backward(step)`` (the loss) and
     ``optimizer_step()``."""
 
-    def fit_error(self) -> FitError | None:
+    def fit_error(self, host_ranks: list[tuple[int, int, int]] | None = None, host_free: int | None = None,
+                  rank: int = 0) -> FitError | None:
         """`check_fit`'s refusal of this executor's estimate against its device's free memory, or None where it
         fits (the single-device executor raises it; a distributed rank first agrees with the others,
-        `memo_exec.distributed.runner.DistExecutor.check_fit`)."""
-        free = capped_free(self.plan.layout, self.device_spec, *device_free_bytes(self.device_spec))
+        `memo_exec.distributed.runner.DistExecutor.check_fit`). ``host_ranks``: (rank, device bytes, host bytes) of
+        every rank of the run on this host (``rank`` this one), which share its memory; ``host_free``: the host's
+        available memory as one of them measured it (so that they refuse in one line), else measured here."""
+        free, total = device_free_bytes(self.device_spec)
+        host = host_available_bytes() if host_free is None else host_free
+        if host_free is not None and not self.device_spec.is_cuda:  # a CPU's device memory is the host's
+            free = host_free
+        free = capped_free(self.plan.layout, self.device_spec, free, total)
         what = f"{self.model.name} ({self.model.layers} layers, {self.tokens} tokens, {self.plan.policy.label()})"
         where = f"cuda:{self.device_spec.index}" if self.device_spec.is_cuda else "this host"
         if self.device_spec.is_cuda and (f := fraction(self.plan.layout)) is not None:
             where += f" under the plan's per_process_memory_fraction {f:g}"
         try:
-            check_fit(self.estimate, device_free=free, host_available=host_available_bytes(),
-                      on_cuda=self.device_spec.is_cuda, what=what, where=where,
-                      hint="; try --layers N" if self.model.layers > 2 else "")
+            check_fit(self.estimate, device_free=free, host_available=host, on_cuda=self.device_spec.is_cuda,
+                      what=what, where=where, hint="; try --layers N" if self.model.layers > 2 else "",
+                      host_ranks=host_ranks, rank=rank)
         except FitError as e:
             return e
         return None

@@ -57,7 +57,8 @@ def test_run_writes_valid_outputs(tmp_path):
     # PRED is made up: the run says the stored prediction is stale and compares with the re-simulation
     assert it["predicted"] != PRED["iteration_s"]
     assert "warning: the plan's stored prediction 50.00 ms/iter" in r.output
-    assert it["rel_error"] == pytest.approx((it["measured"] - it["predicted"]) / it["predicted"])
+    # an H100 plan run on the CPU: no relative error of times (an audit: +10,310% read as an error), and why
+    assert it["rel_error"] is None and it["not_comparable"].startswith("not comparable (")
     assert rows["layer offload (d2h)"]["measured"] > 0 and rows["layer recompute"]["measured"] > 0
     assert rows["pinned host memory"]["measured"] == tl.meta["pinned_host_bytes"] > 0
     chrome = json.loads((out / "trace.json").read_text())
@@ -86,7 +87,7 @@ def test_run_writes_valid_outputs(tmp_path):
     assert {(i, c) for i in range(2) for c in ("forward", "recompute", "backward", "offload", "prefetch")} <= set(ops)
     assert (3, "offload") not in ops and (3, "backward") in ops  # the last two layers stay on the device
     r = ops[(0, "forward")]
-    assert r["rel_error"] == pytest.approx((r["measured_s"] - r["predicted_s"]) / r["predicted_s"])
+    assert r["rel_error"] is None and r["not_comparable"] == it["not_comparable"]
     for png in ("timeline.png", "memory.png", "layers.png", "gantt_overlay.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob(".*.tmp")) and not list(out.glob(".*.png"))

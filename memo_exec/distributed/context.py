@@ -164,6 +164,23 @@ def build_context(layout: Layout, device: torch.device, timeout_s: float | None 
     return ctx
 
 
+def layout_context(layout: Layout, rank: int, device: torch.device | None = None) -> DistContext:
+    """Rank ``rank``'s view of the job from the layout alone: its coordinates in the mesh and in the flattened
+    ``data`` / ``tokens`` / ``shard`` / ``replicate`` groups, as `build_context` numbers them, and no process group
+    (nothing to communicate over). What --nproc's launcher sizes every rank with before torchrun starts them
+    (`memo_exec.distributed.runner.sized_ranks`)."""
+    ctx = DistContext(layout, rank, layout.gpus, device or torch.device("cpu"), None, coords_of(rank, layout))
+    for name, vary in (("data", ("dp", "cp", "ulysses")), ("tokens", ("dp", "cp", "ulysses", "tp"))):
+        if name == "tokens" and not ctx.sp_tokens:
+            vary = ("dp", "cp", "ulysses")
+        for members in _flat_groups(layout, vary):
+            if rank in members:
+                ctx.coords[name] = members.index(rank)
+    S, d = ctx.size("shard"), ctx.coord("data")
+    ctx.coords["shard"], ctx.coords["replicate"] = d % S, d // S
+    return ctx
+
+
 def _hsdp_groups(ctx: DistContext, kw: dict) -> None:
     """The ``shard`` and ``replicate`` groups (module docs); the shard group is the data group
     itself unless HSDP splits it."""

@@ -56,6 +56,14 @@ def env_rank() -> tuple[int, int, int]:
         raise ExecError(f"RANK / WORLD_SIZE / LOCAL_RANK: not set to integers by the launcher ({e})") from None
 
 
+def env_world() -> int:
+    """The world size torchrun set (WORLD_SIZE), 1 where it is not a whole number."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
 def rank_device(device: str | None, local_rank: int):
     """This rank's device: cuda:LOCAL_RANK when CUDA is asked for (or auto and present), else CPU."""
     import torch  # noqa: PLC0415
@@ -138,16 +146,34 @@ def raised_at(err: BaseException) -> str:
 
 
 def killed_rank(torchrun_log: str) -> tuple[int, int] | None:
-    """(rank, negative exit code) of torchrun's "Root Cause (first observed failure)" when that rank was
-    killed by a signal; None otherwise (it exited by itself, with its own error line)."""
-    _, sep, tail = torchrun_log.partition("Root Cause (first observed failure):")
+    """(rank, negative exit code) of a rank killed by a signal, from torchrun's failure summary: its "Root Cause
+    (first observed failure)" when that rank was, else the first of its other failures killed by a signal other than
+    SIGTERM (which torchrun stops the remaining ranks with): a peer that saw its collective fail left at once
+    (`memo_exec.cli`: ``os._exit``, no interpreter shutdown) and may be observed first, in the same poll. None
+    otherwise (the ranks exited by themselves, each with its own error line)."""
+    head, sep, tail = torchrun_log.partition("Root Cause (first observed failure):")
     if not sep:
         return None
-    rank = re.search(r"^\s*rank\s*:\s*(\d+)", tail, re.M)
-    code = re.search(r"^\s*exitcode\s*:\s*(-?\d+)", tail, re.M)
-    if not rank or not code or int(code.group(1)) >= 0:
-        return None
-    return int(rank.group(1)), int(code.group(1))
+    root = _failures(tail)[:1]
+    if root and root[0][1] < 0:
+        return root[0]
+    others = _failures(head.rpartition("Failures:")[2])
+    return next(((r, c) for r, c in others if c < 0 and c != -signal.SIGTERM), None)
+
+
+def _failures(summary: str) -> list[tuple[int, int]]:
+    """(rank, exit code) of each failure of a section of torchrun's failure summary, in its order."""
+    out, rank = [], None
+    for line in summary.splitlines():
+        m = re.match(r"\s*rank\s*:\s*(\d+)", line)
+        if m:
+            rank = int(m.group(1))
+            continue
+        m = re.match(r"\s*exitcode\s*:\s*(-?\d+)", line)
+        if m and rank is not None:
+            out.append((rank, int(m.group(1))))
+            rank = None
+    return out
 
 
 OUT_ENV = "MEMO_EXEC_OUT"  # the --out the user named, when the ranks write into a staging folder (in it or beside)
@@ -328,8 +354,11 @@ def _launch_status(rc: int, nproc: int, log_path: Path, first_error: str | None,
         print(f"error: rank {rank} died ({name}); torchrun stopped the other ranks; see {log_path}", file=sys.stderr)
         return 1
     if first_error is not None:
-        print(first_error, file=sys.stderr)
-        return 2 if all("a collective failed" not in e for e in seen) else 1
+        # a refusal (exit 2): its line alone, the caller removes the stage; a collective failure (exit 1): the stage
+        # is kept, and named, as every crash's line names it
+        refused = all("a collective failed" not in e for e in seen)
+        print(first_error if refused else f"{first_error}; see {log_path}", file=sys.stderr)
+        return 2 if refused else 1
     print(f"error: the {nproc} ranks exited with status {rc} without an error line; see {log_path}", file=sys.stderr)
     return 1
 

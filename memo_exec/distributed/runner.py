@@ -42,7 +42,7 @@ from memo_exec.attention import (CUDA_ONLY, auto_backend_for, device_why_not, me
                                  rank_attention_dims, select_backend)
 from memo_exec.device import DTYPES, DeviceSpec, element_size, resolve_device
 from memo_exec.distributed.attention import RingAttention, UlyssesAttention
-from memo_exec.distributed.context import DistContext, local_token_index
+from memo_exec.distributed.context import DistContext, layout_context, local_token_index
 from memo_exec.distributed.schedule import schedule_for
 from memo_exec.distributed.tp import flavour_for
 from memo_exec.distributed.zero import GradSync
@@ -215,6 +215,41 @@ def memory_plan_not_followed(plan: Plan, use_memory_plan: bool = True, layers: i
             f"prediction")
 
 
+def host_id() -> int:
+    """This host's number among the ranks (a CRC of its host name): the ranks with the same one share its memory."""
+    import socket  # noqa: PLC0415
+    import zlib  # noqa: PLC0415
+
+    return zlib.crc32(socket.gethostname().encode())
+
+
+def sized_ranks(plan: Plan, opts: RunOptions, world: int) -> list["DistExecutor"]:
+    """Every rank of a CPU run of ``world`` processes set up in this process as far as its memory estimate, from
+    the layout alone (`memo_exec.distributed.context.layout_context`: each rank's coordinates, no process group):
+    what --nproc's launcher checks the host's free memory with before torchrun starts the ranks. The token file is
+    not read again (the launcher checked it; it does not size anything)."""
+    opts = dataclasses.replace(opts, tokens_file=None)
+    return [DistExecutor(plan, opts, layout_context(plan.layout, r), DeviceSpec("cpu"), sizes_only=True)
+            for r in range(world)]
+
+
+def rank_estimates(plan: Plan, opts: RunOptions, world: int) -> list[MemoryEstimate]:
+    """Every rank's memory estimate of a CPU run of ``world`` processes, made in this process (`sized_ranks`): the
+    ranks' own (`tests/test_exec_roundtrip_review_dec2.py`)."""
+    return [ex.estimate for ex in sized_ranks(plan, opts, world)]
+
+
+def launcher_fit_error(plan: Plan, opts: RunOptions, world: int):
+    """--nproc's launcher on a CPU, before torchrun starts the ranks: the `memo_exec.errors.FitError` of the ranks
+    together against this host's free memory (every rank runs here, `ExecutorBase.fit_error` with the ranks' rows,
+    the line of the rank that needs most), or None where they fit. The ranks check again once started
+    (`DistExecutor.check_fit`), as they do where torchrun started them without the launcher."""
+    ranks = sized_ranks(plan, opts, world)
+    rows = [(ex.ctx.rank, ex.estimate.total, ex.estimate.host) for ex in ranks]
+    big = max(ranks, key=lambda ex: ex.estimate.total + ex.estimate.host)
+    return big.fit_error(rows, None, big.ctx.rank)
+
+
 class _KillHook(LayerHooks):
     """Test hook: SIGKILL this rank after its first layer's forward in step ``ex.kill_at_step``."""
 
@@ -239,7 +274,11 @@ class _KillHook(LayerHooks):
 class DistExecutor(ExecutorBase):
     """One rank of a multi-device plan (or a one-device plan whose schedule lives here)."""
 
-    def __init__(self, plan: Plan, opts: RunOptions, ctx: DistContext, device: DeviceSpec) -> None:
+    def __init__(self, plan: Plan, opts: RunOptions, ctx: DistContext, device: DeviceSpec,
+                 sizes_only: bool = False) -> None:
+        """``sizes_only``: set up as far as the memory estimate, no fit check (no collective) and the process's CPU
+        threads left alone: --nproc's launcher sizing a rank from the layout (`sized_ranks`, ``ctx`` a
+        `memo_exec.distributed.context.layout_context`); such an executor is never allocated or run."""
         self.ctx, self.layout = ctx, plan.layout
         check_plan_for_world(plan, ctx.world, opts)
         lay = self.layout
@@ -292,8 +331,10 @@ class DistExecutor(ExecutorBase):
         self.token_index = local_token_index(ctx, self.batch, self.seq)
         self.micro_index = local_token_index(ctx, self.micro, self.seq)
         self.estimate = self._estimate()
-        self.check_fit()
         self.kill_at_step: int | None = None  # test hook (memo_exec.distributed.launch.KILL_ENV)
+        if sizes_only:
+            return
+        self.check_fit()
         self.use_cpu_threads()
 
     def _arena_why_not(self, plan: Plan, opts: RunOptions) -> str | None:
@@ -496,11 +537,13 @@ class DistExecutor(ExecutorBase):
 
     def check_fit(self) -> None:
         """Refuse in one line, before anything is allocated, a rank whose estimate does not fit its device
-        (`memo_exec.runner.ExecutorBase.fit_error`); every rank refuses when one does (a MAX all-reduce of the
-        verdicts over the world: a rank that went on would wait in its first collective until --pg-timeout)."""
-        err = self.fit_error()
-        flag = torch.tensor([1.0 if err is not None else 0.0],
-                            device=self.device if self.device_spec.is_cuda else torch.device("cpu"))
+        (`memo_exec.runner.ExecutorBase.fit_error`), with the ranks on its host counted together
+        (`ranks_on_this_host`: on a CPU their estimates and pools share the host's memory, on CUDA their pinned
+        pools); every rank refuses when one does (a MAX all-reduce of the verdicts over the world: a rank that went
+        on would wait in its first collective until --pg-timeout)."""
+        host_ranks, host_free = self.ranks_on_this_host()
+        err = self.fit_error(host_ranks, host_free, self.ctx.rank)
+        flag = torch.tensor([1.0 if err is not None else 0.0], device=self._collective_device())
         if self.ctx.world > 1:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if err is not None:
@@ -508,6 +551,26 @@ class DistExecutor(ExecutorBase):
         if flag.item() > 0:
             raise ExecError(f"rank {self.ctx.rank} stops: another rank's memory estimate does not fit its device "
                             f"(its line says which)")
+
+    def _collective_device(self) -> torch.device:
+        return self.device if self.device_spec.is_cuda else torch.device("cpu")
+
+    def ranks_on_this_host(self) -> tuple[list[tuple[int, int, int]] | None, int | None]:
+        """(rank, device bytes, host bytes) of every rank of the run on this rank's host (`host_id`), in rank order,
+        and the host's available memory as the first of them measured it (so that every one of them refuses in the
+        same line); (None, None) for a run of one process (an all-gather over the world)."""
+        if self.ctx.world == 1 or not dist.is_initialized():
+            return None, None
+        from memo_exec.device import host_available_bytes  # noqa: PLC0415 - read when called (tests replace it)
+
+        est = self.estimate
+        mine = torch.tensor([self.ctx.rank, est.total, est.host, host_id(), host_available_bytes()],
+                            dtype=torch.int64, device=self._collective_device())
+        rows = [torch.empty_like(mine) for _ in range(self.ctx.world)]
+        dist.all_gather(rows, mine)
+        here = sorted(tuple(int(v) for v in r.tolist()) for r in rows)
+        here = [r for r in here if r[3] == int(mine[3])]
+        return [(r, t, h) for r, t, h, _, _ in here], here[0][4]
 
     def _meta_policy(self, layers: int, pipelined: bool | None = None):
         """An instance of the plan's activation policy over ``layers`` layers on the meta device, as the schedule
