@@ -112,10 +112,11 @@ def instead_lines(i: dict, framework: str) -> list[str]:
                    f"in memo's framework data): its time leaves their work out, memo's plan's does not.")
     if i.get("plan_iteration_s"):
         given_up = 1 - i["plan_iteration_s"] / i["iteration_s"]
+        less = " on less work (its multi-token-prediction modules left out, above)" if i.get("mtp_dropped") else ""
         out.append((f"It gives up {100 * given_up:.1f}% of the throughput of" if given_up >= 0 else
                     f"It gives {100 * -given_up:.1f}% more throughput than")
-                   + f" memo's plan ({fmt_time(i['plan_iteration_s'])}/iteration); `--nearest` writes memo's plan's "
-                   "nearest settings instead.")
+                   + f" memo's plan ({fmt_time(i['plan_iteration_s'])}/iteration){less}; `--nearest` writes memo's "
+                   "plan's nearest settings instead.")
     return out
 
 
