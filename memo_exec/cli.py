@@ -210,8 +210,11 @@ def run_cmd(plan_file, device, steps, out_dir, layers, attention_backend, tokens
         # rank 0 writes "The machine during the run" from the ranks' own meters (`memo_exec.host_share.ranks_share`,
         # the oversubscription line's figure), not from a meter of this launcher over its start-up and outputs too
         rc, said = launch_nproc(nproc, argv, str(outf.stage), progress, shown_out=out_dir)
+        from memo_exec.distributed.launch import run_began  # noqa: PLC0415
+
+        began = run_began(outf.stage, clear=True)
         if rc:
-            if rc == 2:
+            if rc == 2 and not began:  # the ranks refused before their run: their one line, no stage left
                 outf.discard()
             _say(said)
             sys.exit(rc)

@@ -41,8 +41,8 @@ class TokenSource:
 def check_tokens(path: str | Path, vocab: int, seq: int) -> np.ndarray:
     """The token ids of the ``--tokens`` file ``path`` (flat), refused in one line naming --tokens where a run of
     ``seq`` tokens a sequence and a vocabulary of ``vocab`` cannot train on them: a file that is missing, unreadable,
-    not ids (`load_tokens`), shorter than seq+1 ids, or holding an id below 0 or from ``vocab`` on (the first such id
-    named). The one check of every path: `TokenSource` (each executor, each rank) and ``memo-exec run``'s launching
+    not ids (`load_tokens`), shorter than seq+1 ids, or holding an id below 0 or from ``vocab`` on (the lowest id named where one is
+    negative, else the highest). The one check of every path: `TokenSource` (each executor, each rank) and ``memo-exec run``'s launching
     process before it stages --out or starts --nproc's ranks (a review: a short file was refused inside torchrun's
     ranks, leaving a hidden stage folder with torchrun's traceback)."""
     path = Path(path)

@@ -219,7 +219,7 @@ def check_fit(est: MemoryEstimate, *, device_free: int, host_available: int, on_
             n = len(needs)
             whose = "each rank" if len({(t, h) for _, t, h in ranks}) == 1 else f"rank {rank}"
             if len(set(needs)) == 1:
-                amount, terms = f"{n} ranks x {gib(needs[0])} = {gib(sum(needs))} on {where}", whose
+                amount, terms = f"{n} ranks x {_times(needs[0], n)} on {where}", whose
             else:
                 amount = f"{gib(sum(needs))} for its {n} ranks on {where}"
                 terms = f"{' + '.join(gib(v) for v in needs)}; {whose}"
@@ -235,7 +235,7 @@ def check_fit(est: MemoryEstimate, *, device_free: int, host_available: int, on_
             whose, amount = "offloaded activations", gib(est.host)
         elif len(set(pools)) == 1:
             whose, amount = "the offloaded activations of this host's ranks", \
-                f"{len(pools)} ranks x {gib(pools[0])} = {gib(sum(pools))}"
+                f"{len(pools)} ranks x {_times(pools[0], len(pools))}"
         else:
             whose = f"the offloaded activations of this host's {len(pools)} ranks"
             amount = f"{gib(sum(pools))} ({' + '.join(gib(v) for v in pools)})"
@@ -246,3 +246,11 @@ def check_fit(est: MemoryEstimate, *, device_free: int, host_available: int, on_
 def _largest_terms(est: MemoryEstimate) -> str:
     big = sorted(((k, v) for k, v in est.terms.items() if k != "peak_total"), key=lambda kv: -kv[1])[:3]
     return ", ".join(f"{k} {gib(v)}" for k, v in big)
+
+
+def _times(each: float, n: int) -> str:
+    """``EACH = TOTAL`` of ``n`` ranks of ``each`` bytes, the total the product of the figure shown (the line says
+    "about"), to three decimals below 1 GiB (a review: "2 ranks x 0.05 GiB = 0.09 GiB", each rounded on its own)."""
+    digits = 3 if each < 2**30 else 2
+    shown = round(each / 2**30, digits)
+    return f"{shown:.{digits}f} GiB = {n * shown:.{digits}f} GiB"

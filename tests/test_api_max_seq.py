@@ -30,6 +30,7 @@ def test_max_seq_answers_as_the_command_does():
     (dict(tp=3), "tp=3 does not divide"),
     (dict(policies=("nope",)), "WhatifRequest.policies"),
     (dict(seq=0), "WhatifRequest.seq = 0"),
+    (dict(allocator="bogus"), "WhatifRequest.allocator = 'bogus': give caching, plan or both"),
 ])
 def test_max_seq_refuses_in_one_line_naming_the_field(over, says):
     with pytest.raises(api.MemoError) as e:

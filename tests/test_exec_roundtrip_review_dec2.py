@@ -97,13 +97,14 @@ def test_check_fit_counts_every_rank_on_the_host_together():
     with pytest.raises(FitError) as e:
         check_fit(est, device_free=80 * MB, host_ranks=[(0, 50 * MB, 0), (1, 50 * MB, 0)], **kw)
     line = str(e.value)
-    assert "needs about 2 ranks x 0.05 GiB = 0.09 GiB on this host" in line and "which has 0.07 GiB free" in line, line
+    assert "needs about 2 ranks x 0.047 GiB = 0.094 GiB on this host" in line, line
+    assert "which has 0.07 GiB free" in line, line
     check_fit(est, device_free=120 * MB, host_ranks=[(0, 50 * MB, 0), (1, 50 * MB, 0)], **kw)  # 100 MB of 120: fits
     # ranks of different sizes (pipeline stages): each named
     with pytest.raises(FitError, match=r"needs about 0\.09 GiB for its 2 ranks on this host \(0\.05 GiB \+ 0\.04 GiB"):
         check_fit(est, device_free=80 * MB, host_ranks=[(0, 50 * MB, 0), (1, 45 * MB, 0)], **kw)
     # on a CPU the host pool is the same memory: 2 x (30 + 20 MB)
-    with pytest.raises(FitError, match=r"2 ranks x 0\.05 GiB = 0\.09 GiB"):
+    with pytest.raises(FitError, match=r"2 ranks x 0\.047 GiB = 0\.094 GiB"):
         check_fit(_estimate(30 * MB, 20 * MB), device_free=80 * MB,
                   host_ranks=[(0, 30 * MB, 20 * MB), (1, 30 * MB, 20 * MB)], **kw)
 
@@ -115,7 +116,7 @@ def test_check_fit_counts_the_pinned_pools_of_every_gpu_rank_on_the_host():
     check_fit(est, host_available=80 * MB, **kw)
     with pytest.raises(FitError) as e:
         check_fit(est, host_available=80 * MB, host_ranks=[(0, 10 * MB, 50 * MB), (1, 10 * MB, 50 * MB)], **kw)
-    assert "2 ranks x 0.05 GiB = 0.09 GiB of pinned host memory" in str(e.value), str(e.value)
+    assert "2 ranks x 0.047 GiB = 0.094 GiB of pinned host memory" in str(e.value), str(e.value)
 
 
 def test_nproc_cpu_run_refuses_in_the_launcher_when_its_ranks_together_exceed_the_host(tmp_path, tp2_plan,
@@ -137,7 +138,7 @@ def test_nproc_cpu_run_refuses_in_the_launcher_when_its_ranks_together_exceed_th
     assert not launched and r.exit_code == 2, (r.exit_code, r.output, r.exception)
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: does not fit: "), r.output
-    assert "2 ranks x 0.05 GiB = 0.10 GiB on this host" in lines[0] and "which has 0.07 GiB free" in lines[0], lines
+    assert "2 ranks x 0.049 GiB = 0.098 GiB on this host" in lines[0] and "which has 0.07 GiB free" in lines[0], lines
     assert _left(tmp_path) == before  # no --out, no hidden stage
     _fake_free(monkeypatch, int(2.5 * need))
     r = CliRunner().invoke(cli, ["run", str(tp2_plan), "--nproc", "2", "--device", "cpu", "--steps", "1",
@@ -181,7 +182,7 @@ def test_the_ranks_check_their_host_together_and_the_launcher_sizes_them_as_they
     ranks = spawn(_ranks_fit, 2, files, [int(1.5 * need), None, int(2.5 * need)], timeout=180)
     refused = [r[0]["refused"] if "refused" in r[0] else None for r in ranks]
     assert refused[0] and refused[0] == refused[1], refused  # one line on both ranks
-    assert "2 ranks x 0.05 GiB = 0.10 GiB on this host" in refused[0], refused[0]
+    assert "2 ranks x 0.049 GiB = 0.098 GiB on this host" in refused[0], refused[0]
     assert all("total" in r[2] for r in ranks)  # room for both: no refusal
     from memo_exec.distributed.runner import rank_estimates
 
@@ -251,7 +252,7 @@ def test_a_refusal_in_the_ranks_is_one_clean_line_every_time_and_leaves_nothing(
                            timeout=180, env=env, cwd=tmp_path)
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert r.returncode == 2 and len(lines) == 1, (k, r.returncode, r.stderr[-3000:])
-        assert lines[0].startswith("error: does not fit: ") and "2 ranks x 0.05 GiB" in lines[0], lines
+        assert lines[0].startswith("error: does not fit: ") and "2 ranks x 0.049 GiB" in lines[0], lines
         assert _left(runs) == [], (k, _left(runs))
 
 
@@ -295,6 +296,35 @@ def test_a_collective_failure_names_the_kept_folder(tmp_path, capsys):
     refusal = "error: does not fit: toy"
     assert launch_mod._launch_status(1, 2, log, refusal, {refusal}) == 2
     assert capsys.readouterr().err.strip() == refusal  # a refusal: its line alone (the stage is removed)
+
+
+
+def test_an_exit_2_after_the_run_began_keeps_and_names_the_stage(tmp_path, tp2_plan, monkeypatch, capsys):
+    """A review (2026-12-02): out of memory mid-run (or a loss not finite) exits 2 as a refusal does, and the
+    launcher deleted the stage and its launcher.log; the ranks now mark the stage once their checks passed
+    (`launch.STARTED_MARK`), and only a refusal before it leaves nothing."""
+    log = tmp_path / ".o.x.partial" / "launcher.log"
+    log.parent.mkdir()
+    log.write_text("torchrun's log\n")
+    oom = "error: the device ran out of memory while running the plan (CUDA out of memory)"
+    assert launch_mod._launch_status(1, 2, log, oom, {oom}, began=True) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(oom) and str(log) in err and len(err.splitlines()) == 1, err
+
+    def began(nproc, argv, out_dir, progress, shown_out=None):
+        (Path(out_dir) / launch_mod.STARTED_MARK).touch()
+        return 2, ""
+
+    monkeypatch.setattr(launch_mod, "launch_nproc", began)
+    _fake_free(monkeypatch, 10**13)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    r = CliRunner().invoke(cli, ["run", str(tp2_plan), "--nproc", "2", "--device", "cpu", "--steps", "1",
+                                 "--out", str(runs / "o")])
+    assert r.exit_code == 2, (r.output, r.exception)
+    left = _left(runs)
+    assert len(left) == 1 and left[0].startswith(".o.") and left[0].endswith(".partial"), left
+    assert not (runs / left[0] / launch_mod.STARTED_MARK).exists()  # never one of the run's files
 
 
 # ------------------------------------------------------------------ 4. times of another device: no rel_error in JSON

@@ -177,6 +177,20 @@ def _failures(summary: str) -> list[tuple[int, int]]:
 
 
 OUT_ENV = "MEMO_EXEC_OUT"  # the --out the user named, when the ranks write into a staging folder (in it or beside)
+# rank 0's mark in --nproc's staging folder once the ranks passed their checks and the run began: a failure after
+# it (out of memory mid-run, a loss not finite: exit 2 too) keeps the stage, a refusal before it leaves nothing
+# (`run_began`; a review: any exit-2 line deleted the stage, a mid-run out-of-memory's launcher.log with it)
+STARTED_MARK = ".memo-exec-run-began"
+
+
+def run_began(stage, clear: bool = False) -> bool:
+    """Whether the ranks writing into ``stage`` began their run (`STARTED_MARK`); ``clear``: the mark removed (it is
+    never one of the run's files)."""
+    mark = Path(stage) / STARTED_MARK
+    began = mark.exists()
+    if clear:
+        mark.unlink(missing_ok=True)
+    return began
 LOAD_ENV = "MEMO_EXEC_LOAD_1MIN"  # the machine's 1-minute load average when the launcher started the ranks
 OVERSUBSCRIBED_SLACK_CORES = 0.5  # ranks' threads + other processes' cores beyond the cores by more: oversubscribed
 
@@ -337,11 +351,14 @@ def launch_nproc(nproc: int, argv: list[str], out_dir: str, progress: bool, show
             raise
         out.seek(0)
         said = out.read()
-    return _launch_status(rc, nproc, log_path, first_error, seen), said
+    return _launch_status(rc, nproc, log_path, first_error, seen, run_began(out_dir)), said
 
 
-def _launch_status(rc: int, nproc: int, log_path: Path, first_error: str | None, seen: set[str]) -> int:
-    """The launcher's exit status for torchrun's ``rc``, with the one error line of a failed run on stderr."""
+def _launch_status(rc: int, nproc: int, log_path: Path, first_error: str | None, seen: set[str],
+                   began: bool = False) -> int:
+    """The launcher's exit status for torchrun's ``rc``, with the one error line of a failed run on stderr; ``began``:
+    the ranks passed their checks and began the run (`run_began`), so an exit-2 line is a failure of the run (out
+    of memory mid-run, a loss not finite), whose kept stage the line names, not a refusal."""
     if rc == 0:
         return 0
     died = killed_rank(log_path.read_text(errors="replace"))
@@ -356,9 +373,9 @@ def _launch_status(rc: int, nproc: int, log_path: Path, first_error: str | None,
     if first_error is not None:
         # a refusal (exit 2): its line alone, the caller removes the stage; a collective failure (exit 1): the stage
         # is kept, and named, as every crash's line names it
-        refused = all("a collective failed" not in e for e in seen)
-        print(first_error if refused else f"{first_error}; see {log_path}", file=sys.stderr)
-        return 2 if refused else 1
+        failed = any("a collective failed" in e for e in seen)
+        print(first_error if not (failed or began) else f"{first_error}; see {log_path}", file=sys.stderr)
+        return 1 if failed else 2
     print(f"error: the {nproc} ranks exited with status {rc} without an error line; see {log_path}", file=sys.stderr)
     return 1
 
@@ -471,7 +488,9 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
             out_dir, shown_out = str(outf.stage), out_dir
         try:
             ctx = build_context(plan.layout, device.torch_device, timeout_s)
-            ex = DistExecutor(plan, opts, ctx, device)
+            ex = DistExecutor(plan, opts, ctx, device)  # its checks (the memory fit among them) passed
+            if rank == 0 and OUT_ENV in os.environ:  # --nproc's launcher keeps the stage of a run that began
+                (Path(out_dir) / STARTED_MARK).touch()
             if kill is not None and kill[0] == rank:
                 ex.kill_at_step = kill[1]
 

@@ -228,7 +228,7 @@ def check_plan(plan_file, out_format, as_json):
                              "memory_plan_missing": missing,
                              **memory_json(plan, res, mem, peaks)})
     else:
-        a = Answer(_summary_verdict(plan_file, plan, res))
+        a = Answer(_summary_verdict(plan_file, plan, res, profile))
         if stale:  # before the stored numbers, so the re-simulation leads (a review: the stale peak on top)
             a.line(f"  {stale}")
         if missing:
@@ -259,7 +259,7 @@ def _stale_prediction(plan, res) -> str | None:
             + ("; the lines below are the re-simulation's" if plan.predicted.status != res.status else ""))
 
 
-def _summary_verdict(plan_file, plan, res) -> str:
+def _summary_verdict(plan_file, plan, res, profile=None) -> str:
     """The plan in one line, with what it does when simulated now (a valid plan file need not fit)."""
     head = (f"{plan_file}: valid {plan.model.name}{plan.model.gemm_words}, {fmt_count(plan.seq_tokens)} tokens, "
             f"{plural(plan.gpus, 'GPU')}, "
@@ -268,7 +268,7 @@ def _summary_verdict(plan_file, plan, res) -> str:
         return f"{head}, but does not fit: simulated {res.status} (exit status 3)"
     from memo_sim.report.whatif_answer import mfu_words  # noqa: PLC0415 - the what-if's words for an FP8 MFU
 
-    mfu = f", {mfu_words(res.mfu, plan.model)}" if res.mfu is not None else ""
+    mfu = f", {mfu_words(res.mfu, plan.model, profile)}" if res.mfu is not None else ""
     return f"{head}, simulated {fmt_time(res.iteration_s)}/iter{mfu}"
 
 

@@ -106,7 +106,7 @@ def _shared_embedding_words(plan, stage: int) -> str:
     return f"{what} gradient sum, and "
 
 
-def _summary_line(r) -> str:
+def _summary_line(r, profile=None) -> str:
     if r.ok:
         a = r.allocator
         # a memory plan's replay: what memo-exec leaves to the caching allocator (`allocator_summary`)
@@ -117,7 +117,8 @@ def _summary_line(r) -> str:
                  f"caching allocator: {a['reorganizations']} reorganisations, stall {fmt_time(a['stall_s'])}")
         from memo_sim.report.whatif_answer import mfu_words  # noqa: PLC0415 - the what-if's words for an FP8 MFU
 
-        return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, {mfu_words(r.mfu, r.model)}, TGS {r.tgs:.0f}, "
+        return (f"{r.status}: {fmt_time(r.iteration_s)}/iteration, {mfu_words(r.mfu, r.model, profile)}, "
+                f"TGS {r.tgs:.0f}, "
                 f"peak GPU {result_peak(r).text()}, peak host/node {fmt_bytes(r.peak_host_bytes_per_node)}, "
                 f"copy stall {fmt_time(r.exposed_copy_s)}, {alloc}")
     return f"{r.failure.message()} (simulated, {allocator_of(r.policy, r.layout)})"
@@ -216,7 +217,7 @@ def simulate_cmd(plan_file, out_dir, layers_text, profile_override, no_contentio
     click.echo(f"{plan.model.name}{plan.model.gemm_words}, {fmt_count(plan.seq_tokens)} tokens x {plan.batch}, {plan.layout.label()}, "
                f"{plan.policy.label()}, {plan.schedule} ({plural(plan.micro_batches, 'micro-batch', 'micro-batches')} "
                f"of {plan.micro_batch}), {profile.name}")
-    click.echo(_summary_line(r))
+    click.echo(_summary_line(r, profile))
     click.echo(f"binding: {binding_words(plan, profile, r)} (memo-sim explain PLAN: the time and memory breakdown)")
     if r.pipeline.get("micro_batches") is not None:  # a micro-batch pipeline: its stages
         for st in r.pipeline["stages"]:

@@ -357,7 +357,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         model=req.model, seq=req.seq, gpus=req.gpus, profile=req.profile, result=result, shown=shown, best=best,
         batch_words=batch_words, elapsed_s=elapsed, top=show.top, details=show.details,
         plan_path=paths.get("plan.json"), sppo_plan_path=paths.get("plan-sppo.json"), no_plan=show.no_plan,
-        metp_rows=metp_vs_megatron(result.candidates, req.alpha), advice=ans.advice,
+        metp_rows=metp_vs_megatron(shown, req.alpha), advice=ans.advice,
         fixes=answer_fixes(ans, shown),
         sensitivity=sensitivity_line(shown, req.profile, req.alpha), framework=req.framework,
         global_batch_fixed=bool(req.global_batch),

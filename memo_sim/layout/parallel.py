@@ -931,7 +931,7 @@ def enumerate_layouts(model: ModelConfig, gpus: int, gpus_per_node: int, seq: in
     if dp is not None and tp is not None and cp is not None and ulysses is not None and not valid and not rejected:
         lay = Layout(tp=tp, cp=cp, ulysses=ulysses, dp=dp, zero=zero or 0, sp=True if sp is None else sp,
                      tp_mode=tp_modes[0] if len(tp_modes) == 1 else "megatron", pp=pp, **ends_options[0],
-                     ep=experts.ep or 1, etp=experts.etp or 1, **moe_kw)
+                     ep=experts.ep or 1, etp=experts.etp or 1, moe=model.moe, **moe_kw)
         rejected.append((lay, check_layout(lay, model, gpus, gpus_per_node, seq, metp_across_nodes=metp_across_nodes)
                          or "inconsistent degrees"))
     return valid, rejected

@@ -40,7 +40,7 @@ def whatif_json(ans, *, elapsed_s: float | None = None, plan_paths: dict | None 
             "framework": req.framework, "tp_mode": req.flavour,
             "sppo_plan_file": str(sppo_plan_path) if sppo_plan_path else None,
             "sppo": result.sppo_summary,
-            "metp_vs_megatron": metp_vs_megatron(result.candidates, req.alpha),
+            "metp_vs_megatron": metp_vs_megatron(shown, req.alpha),
             "memo_best": memo_best.to_json() if memo_best is not None else None,
             # memo's best simulated with the framework's mechanisms (null: no --framework, or the same mechanisms)
             "memo_best_on_framework": ans.memo_on_framework,
@@ -72,7 +72,9 @@ def answer_fixes(ans, shown: list) -> list[str]:
 
 
 def metp_vs_megatron(candidates, alpha) -> list[dict]:
-    """The best METP candidates (one per layout and policy) beside their Megatron TP+SP twins."""
+    """The best METP candidates (one per layout and policy) beside their Megatron TP+SP twins; ``candidates``: the
+    ranking with its duplicates folded (`fold_duplicates`: a review found MEMO at alpha 1 and full offload on a
+    memory plan as two rows here after the ranking listed them once)."""
     out = []
     for c in [c for c in candidates if c.layout.metp][:METP_COMPARED]:
         t = megatron_twin(c, alpha)

@@ -466,7 +466,7 @@ def split_words(best: Candidate | None, searched: Candidate | None) -> str:
     """The fixed split's best against the search's own split's, in words ('' where there is nothing to say: no plan,
     or a best plan without pipeline stages, which a fixed split does not reach, `Layout` counting pp 1's first / last
     stages 0). Three cases (a review: a hand split 9% faster than the search's own read "as fast as ... 0.917x"):
-    within 0.5% as fast, faster (the search's own split, `memo_sim.layout.parallel.uneven_split`'s, is not the best
+    within 0.5% as fast, faster (the search's own splits, `memo_sim.layout.parallel.uneven_splits`', hold not the best
     there is) or slower."""
     if best is None or searched is None or best.layout.pp == 1:
         return ""

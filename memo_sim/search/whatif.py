@@ -217,7 +217,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     (`memo_sim.cost.optimizer_offload`), False none; None (default) adds them where nothing else fits
     and the framework offers it. ``first_stage_layers`` / ``last_stage_layers``: the first and last
     pipeline stages' layer counts (Megatron-LM's --decoder-first/last-pipeline-num-layers; default:
-    an even split, or `memo_sim.layout.parallel.uneven_split` where the layers do not divide).
+    an even split, or each of `memo_sim.layout.parallel.uneven_splits` where the layers do not divide).
     ``chunk_layers``: each model chunk's layers (`memo_sim.layout.pipeline_layout`, Megatron-LM's
     --pipeline-model-parallel-layout): ``pp`` fixed, len / pp chunks per rank.
     ``ep``, ``etp``: the expert degrees of a MoE model (None: searched), ``moe_dispatcher`` and
