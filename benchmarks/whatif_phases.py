@@ -43,7 +43,7 @@ def main() -> None:
     for name in ("candidates_for", "sppo_candidates", "_single_stage", "pipeline_candidates", "simulate_by_bound",
                  "_simulate_verdict_sides"):
         _wrap(whatif, name)
-    _wrap(cli_whatif, "_answer_json")
+    _wrap(cli_whatif, "whatif_json")
     from memo_sim.cli import main as cli_main
 
     imported = time.perf_counter() - T0

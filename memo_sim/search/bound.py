@@ -32,7 +32,7 @@ from memo_sim.cost.boundary import boundary_times
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.layer_time import critical_time
-from memo_sim.cost.sppo import stage_layer_counts, stage_layer_indices, stage_optimizer_time
+from memo_sim.cost.sppo import stage_layer_counts, stage_optimizer_time
 from memo_sim.errors import MemoError
 from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
@@ -121,15 +121,25 @@ def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, s
         return times[kinds[i]] if kinds else (f, b, r)
 
     r_least = min((t[2] for t in times.values()), default=r)  # the recomputed units' count, not which: the least
+    # per layer once (a family's ranks each walked every layer before them: O(pp x layers) calls a family, 5.2 of a
+    # 15 s cluster-scale what-if, 2026-12-02); the sums keep their order, so every bound is the same to the bit
+    per_layer = [fbr(i) for i in range(model.layers)]
+    fwd, bwd = [t[0] for t in per_layer], [t[1] for t in per_layer]
+    both = [sum(t[:2]) for t in per_layer]
+    ahead_f = ahead_b = 0  # micro-batch 0's forward and backward through virtual stages 0 .. s-1, summed in order
     best = 0.0
     for s in range(p):
         n_f = m * counts[s]  # forward units of the rank
         recomputed = policy.recomputed_count(n_f) if r > 0 else 0
-        own = m * sum(sum(fbr(i)[:2]) for i in stage_layer_indices(model, lay, s)) + recomputed * r_least
+        # the rank's layers over its chunks (chunk c is virtual stage c x pp + s: `stage_layer_indices`)
+        own = m * sum(both[i] for c in range(lay.vpp) for i in vr[c * p + s]) + recomputed * r_least
         own += m * (bt.embedding if s == 0 else 0.0) + m * (bt.classifier if s == p - 1 else 0.0)
-        before = [i for vs in range(s) for i in vr[vs]]
-        lead = bt.embedding_fwd + sum(fbr(i)[0] for i in before) if s else 0.0
-        tail = sum(fbr(i)[1] for i in before) + bt.embedding_bwd if s else 0.0
+        if s:
+            for i in vr[s - 1]:
+                ahead_f += fwd[i]
+                ahead_b += bwd[i]
+        lead = bt.embedding_fwd + ahead_f if s else 0.0
+        tail = ahead_b + bt.embedding_bwd if s else 0.0
         best = max(best, lead + own + tail + opt0)
     return best
 
