@@ -8,18 +8,15 @@ from click.testing import CliRunner
 
 from memo_sim.cli import cli
 from tests.cli_run import one_error_line
-
-TOY = ["whatif", "--layers", "4", "--hidden", "256", "--heads", "8", "--ffn", "1024", "--vocab", "1024", "--seq", "2K",
-       "--gpus", "1", "--policy", "memo", "--alpha", "0.3", "--jobs", "1"]
+from tests.test_check_plan import TOY
 
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
+    """test_check_plan's toy MEMO plan (its TOY what-if)."""
     out = tmp_path_factory.mktemp("toy")
-    r = CliRunner().invoke(cli, TOY + ["--out", str(out)])
-    assert r.exit_code == 0, r.output
+    assert CliRunner().invoke(cli, TOY + ["--out", str(out)]).exit_code == 0
     return out / "plan.json"
-
 
 def _refused(args) -> str:
     r = CliRunner().invoke(cli, args)
