@@ -41,10 +41,10 @@ class TokenSource:
 def check_tokens(path: str | Path, vocab: int, seq: int) -> np.ndarray:
     """The token ids of the ``--tokens`` file ``path`` (flat), refused in one line naming --tokens where a run of
     ``seq`` tokens a sequence and a vocabulary of ``vocab`` cannot train on them: a file that is missing, unreadable,
-    not ids (`load_tokens`), shorter than seq+1 ids, or holding an id below 0 or from ``vocab`` on (the lowest id named where one is
-    negative, else the highest). The one check of every path: `TokenSource` (each executor, each rank) and ``memo-exec run``'s launching
-    process before it stages --out or starts --nproc's ranks (a review: a short file was refused inside torchrun's
-    ranks, leaving a hidden stage folder with torchrun's traceback)."""
+    not ids (`load_tokens`), shorter than seq+1 ids, or holding an id below 0 or from ``vocab`` on (the lowest id
+    named where one is negative, else the highest). The one check of every path: `TokenSource` (each executor, each
+    rank) and ``memo-exec run``'s launching process before it stages --out or starts --nproc's ranks (a review: a
+    short file was refused inside torchrun's ranks, leaving a hidden stage folder with torchrun's traceback)."""
     path = Path(path)
     data = load_tokens(path)
     if data.size < seq + 1:
