@@ -163,9 +163,11 @@ def test_fp8_mfu_and_format_said_the_same_way(fp8_plan, tmp_path):
     """Bug 8: check-plan, simulate and sweep-seq printed an FP8 plan's "MFU 77.6%" without "(of the bf16 peak)", and
     maxseq's header had no FP8: each says it as the what-if does."""
     check = _run(["check-plan", fp8_plan]).output.splitlines()[0]
-    assert "fp8-tensorwise GEMMs" in check and re.search(r"MFU [\d.]+% \(of the bf16 peak\)", check), check
+    # and against the fp8 peak beside it (a review, 2026-12-02: every command that says an FP8 MFU)
+    both = r"MFU [\d.]+% \(of the bf16 peak; [\d.]+% of the fp8 peak\)"
+    assert "fp8-tensorwise GEMMs" in check and re.search(both, check), check
     sim = _run(["simulate", fp8_plan, "--out", tmp_path / "s"]).output.splitlines()[1]
-    assert re.search(r"MFU [\d.]+% \(of the bf16 peak\)", sim), sim
+    assert re.search(both, sim), sim
     sweep = _run(["sweep-seq", fp8_plan, "--out", tmp_path / "w", "--seqs", "2K", "--policy", "memo",
                   "--jobs", "1"]).output.splitlines()[0]
     assert "fp8-tensorwise GEMMs" in sweep and "MFU of the bf16 peak" in sweep, sweep
