@@ -95,6 +95,10 @@ class SppoBeside:
     def has(self, candidate) -> bool:
         return id(candidate) in self._ids
 
+    def would_wait(self) -> bool:
+        """Whether taking the child's next summary would wait for it now."""
+        return self._stream is not None and self._stream.would_wait()
+
     def take(self, candidate) -> dict | None:
         """The summary of ``candidate`` (one that `has`), waiting for the child where it is not
         made yet; None where the child died first (the caller simulates it)."""

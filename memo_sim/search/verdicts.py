@@ -65,6 +65,36 @@ def analytic_tgs(c) -> float:
     return c.estimate.tgs
 
 
+# How far below its analytic throughput a plan's simulation may come out, for `likely_next_sides`' guess only:
+# SPPO's event simulation against its analytic recurrence (benchmarks/sppo_tiers.py, reports/sppo-tiers.md,
+# 2026-11-24: 64 points, the simulated iteration 0.16-1.14% longer). No answer depends on it.
+TIERS_GAP = 0.0114
+
+
+def likely_next_sides(cands, pending: Callable[[object], bool]) -> list:
+    """The plans `verdict_sides_to_simulate` is likely to name once the side plans that ``pending`` accepts
+    (simulated elsewhere and not known yet: `memo_sim.search.sppo_beside`) are known, for the what-if to simulate
+    while it waits for them. For a verdict side whose first fitting plan in the ranking ``cands`` is pending: the
+    side's other unsimulated fitting plan of the highest proved throughput bound, where that bound reaches the
+    pending plan's analytic throughput less `TIERS_GAP` (the simulation may come out that far below it, and every
+    plan whose bound beats the simulated throughput is named then). One a side: a guess the verdict does not
+    name costs its simulation where the child ends first. A guess only: the verdict still names what it needs
+    from simulated plans, and a guess it does not name is dropped."""
+    out: list = []
+    for v in VERDICTS:
+        pair = sides(cands, v)
+        for keep, c in zip((v.a, v.b), pair or ()):
+            if c.simulated is not None or not pending(c):
+                continue
+            floor = analytic_tgs(c) * (1 - TIERS_GAP)
+            above = [(tgs_upper_bound(u), i, u) for i, u in enumerate(cands)
+                     if u is not c and u.simulated is None and u.status == "OK" and keep(u) and not pending(u)]
+            top = max((t for t in above if t[0] >= floor), default=None)
+            if top is not None and not any(top[2] is x for x in out):
+                out.append(top[2])
+    return out
+
+
 def verdict_sides_to_simulate(cands, bounded: bool = False) -> list:
     """The plans of the verdicts' sides in the ranking ``cands`` that tier 2 has not simulated (each once),
     for the verdicts that have both sides: a side's first fitting plan where it is not simulated, and where it
@@ -102,4 +132,5 @@ def verdict_sides_to_simulate(cands, bounded: bool = False) -> list:
     return out
 
 
-__all__ = ["METP_VS_MEGATRON", "SPPO_VS_MEMO", "VERDICTS", "VERDICT_ROUNDS", "Verdict", "best_fit", "sides", "verdict_sides_to_simulate"]
+__all__ = ["METP_VS_MEGATRON", "SPPO_VS_MEMO", "TIERS_GAP", "VERDICTS", "VERDICT_ROUNDS", "Verdict", "best_fit",
+           "likely_next_sides", "sides", "verdict_sides_to_simulate"]

@@ -53,7 +53,8 @@ from memo_sim.forked import FORKS
 from memo_sim.search.sppo_beside import SppoBeside
 from memo_sim.search.prune import SIMULATE_ALL, SIMULATE_BOUND, PruneReport, parse_simulate_top, simulate_by_bound
 from memo_sim.search.sppo import point_candidate, resolve_for_layout, sppo_candidates, summarize
-from memo_sim.search.verdicts import SPPO_VS_MEMO, VERDICT_ROUNDS, best_fit, verdict_sides_to_simulate
+from memo_sim.search.verdicts import (SPPO_VS_MEMO, VERDICT_ROUNDS, best_fit, likely_next_sides,
+                                      verdict_sides_to_simulate)
 
 
 @dataclass
@@ -834,7 +835,10 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
     def early(i: int) -> dict | None:
         return ahead.take(candidates[i]) if ahead is not None and ahead.has(candidates[i]) else None
 
-    if jobs <= 1 or len(work) < PARALLEL_MIN:
+    # two pipelines or more go to the pool however few: each costs far more than the pool's start (SPPO's up to a few
+    # seconds at 1M tokens; a verdict's round of two SPPO plans ran one after the other, 2026-12-02)
+    heavy = sum(1 for c in candidates if c.schedule != "single_stage" and not (ahead is not None and ahead.has(c)))
+    if jobs <= 1 or (len(work) < PARALLEL_MIN and heavy < 2):
         done = 0
         with _fewer_collections():
             for i, w in enumerate(work):
@@ -1091,6 +1095,33 @@ def _idle_on_best(head: list[Candidate], work: Callable[[Candidate], object]) ->
         work(ok[0])
 
 
+def _idle_for_child(head: list[Candidate], while_waiting: Callable[[Candidate], object] | None,
+                    guess: Callable[[], object]) -> None:
+    """What this process does while it would wait for the SPPO simulation the child makes: ``while_waiting`` on
+    the best simulated plan (the plan file's memory plan), then ``guess`` (`_guess_sides`)."""
+    if while_waiting is not None:
+        _idle_on_best(head, while_waiting)
+    guess()
+
+
+def _guess_sides(candidates: list[Candidate], beside: SppoBeside, guessed: dict[int, dict], allocator_lag: int) -> None:
+    """While this process would wait for the child's simulation of a verdict side (``beside``), simulate the plans
+    the verdict is likely to name next (`memo_sim.search.verdicts.likely_next_sides`), one at a time while the
+    child is not done, into ``guessed`` (id -> summary). The verdict then takes the ones it names instead of
+    simulating them (the same summaries: a simulation is deterministic), after the one it waited for, where it
+    used to simulate them one after the other (2026-12-02, GPT-13B / 64 A800s / 1M: the child's SPPO plan at
+    N = 512, then N = 256 here, whose bound beat it); the others are dropped, so the answer is the one without
+    guesses."""
+    done = [c for c in candidates if c.simulated is not None]
+    ids = {id(c) for c in done}
+    order = sorted(done, key=Candidate.sort_key) + [c for c in candidates if id(c) not in ids]
+    with _fewer_collections():
+        for c in likely_next_sides(order, lambda c: beside.has(c) and c.simulated is None):
+            if not beside.would_wait():
+                break
+            guessed[id(c)] = _simulate_summary(_summary_args(c, True, allocator_lag))
+
+
 def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], run, bounded: bool = False) -> int:
     """Simulate (``run``) the verdict lines' sides that tier 2 left analytic
     (`memo_sim.search.verdicts`), adding them to ``head`` (the simulated candidates), until every
@@ -1185,10 +1216,15 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
                     stage(_bound_words(shown["words"], k, shown["gap"]))
             return None if progress is None else told
 
+        guessed: dict[int, dict] = {}  # summaries simulated while waiting for the child (`_guess_sides`)
+
         def run(cands: list[Candidate]) -> None:
             base = shown["done"]
-            simulate_candidates(cands, progress=counted(base), allocator_lag=allocator_lag, jobs=jobs,
-                                ahead=ahead[0] if ahead else None, pool=pool)
+            for c in cands:
+                if id(c) in guessed:
+                    c.simulated = guessed.pop(id(c))
+            simulate_candidates([c for c in cands if c.simulated is None], progress=counted(base),
+                                allocator_lag=allocator_lag, jobs=jobs, ahead=ahead[0] if ahead else None, pool=pool)
             shown["done"] = base + len(cands)
 
         if mode == SIMULATE_BOUND:
@@ -1205,8 +1241,9 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
                                                      f"{shown['words']}: proving throughput bounds, {i} of {n}"))
                 result.tier2.add_not_built((result.searched.get("pipeline") or {}).get("not_built"))
                 head = [c for c in result.candidates if c.simulated is not None]
-                if while_waiting is not None and ahead:
-                    ahead[0].idle = partial(_idle_on_best, head, while_waiting)
+                if ahead:
+                    ahead[0].idle = partial(_idle_for_child, head, while_waiting, partial(
+                        _guess_sides, result.candidates, ahead[0], guessed, allocator_lag))
                 begin("simulating the verdict lines' sides")
                 n = _simulate_verdict_sides(result.candidates, head, run, bounded=True)
                 still = [c for c in fitting if c.simulated is None]
