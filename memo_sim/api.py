@@ -95,7 +95,7 @@ def max_seq(request: WhatifRequest, progress=None) -> list[MaxSeqAnswer]:
         default = f.default if f.default is not MISSING else f.default_factory()
         if getattr(request, f.name) != default:
             raise MemoError(f"max_seq: WhatifRequest.{f.name} = {getattr(request, f.name)!r}: maxseq does not take "
-                            f"it (`memo-sim maxseq` has no such option: it searches the what-if's default batch); "
+                            f"it (`memo-sim maxseq` has no such option: it searches the what-if's default for it); "
                             f"leave it at {default!r}, or ask memo_sim.api.whatif at one length")
     if request.allocator not in ("caching", "plan", "both"):  # (the search's own check says "one answer")
         raise MemoError(f"max_seq: WhatifRequest.allocator = {request.allocator!r}: give caching, plan or both")

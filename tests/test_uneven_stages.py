@@ -255,3 +255,23 @@ def test_a_fixed_split_is_compared_with_the_searched_one():
     assert searched["simulated_tgs_tokens_per_gpu_s"] > best["simulated_tgs_tokens_per_gpu_s"]
     plain = json.loads(CliRunner().invoke(cli, args[:9] + args[13:] + ["--json"]).output)
     assert plain["searched_split_best"] is None  # nothing fixed, nothing compared
+
+
+def test_uneven_splits_that_cannot_be_chunked_build_the_slot_layout_once():
+    """The even split and each uneven one that cannot be chunked at a vpp all become one embedding-and-loss-slot
+    layout there: built once (a review: llama-3.1-405b on 16,384 H100s built pp16v4el three times, '32 duplicates
+    folded' and 'recompute_mlp ... the same bytes as recompute_mlp'). 30 layers over pp 4: f7l7, f6l8 and f8l6 all
+    go to v4el at vpp 4."""
+    from collections import Counter
+    from dataclasses import replace as _replace
+
+    from memo_sim.model import get_model
+    from memo_sim.profile import load_profile
+    from memo_sim.search.whatif import candidates_for
+
+    res = candidates_for(_replace(get_model("llama-3.1-8b"), layers=30), 4096, 4, load_profile("b200-180gb"), pp=4,
+                         tp=1, framework="megatron")
+    keys = Counter((c.layout, c.policy.label(), c.schedule, c.micro_batch, c.batch) for c in res.candidates)
+    assert not [k for k, n in keys.items() if n > 1]
+    labels = {c.layout.label() for c in res.candidates}
+    assert {"tp1-pp4f7l7-cudnn-ce-vocab_parallel", "tp1-pp4v4el-cudnn-ce-vocab_parallel"} <= labels

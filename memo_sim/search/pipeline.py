@@ -352,6 +352,10 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
     out: list[Candidate] = []
     rejected: list[tuple[Layout, str]] = []
     too_big: set[int] = set()  # ids of the chunked layouts rejected by `states_why_not` (once each)
+    # (layout, batch, micro-batch, schedule) families met: the even split and each uneven one (`uneven_splits`) that
+    # cannot be chunked at a vpp all become one embedding-and-loss-slot layout there (`_chunked`), built once (a
+    # review: llama-3.1-405b's pp16v4el family was built three times and folded into itself)
+    met: set[tuple] = set()
     searched = {"schedules": list(names), "pp": [], "vpp": set(), "micro_batch": set()}
     not_built = {"families": 0, "candidates": 0, "best_bound_tgs": None, "schedules": []}
     reference: list[float | None] = []  # floor(), once it is read
@@ -426,6 +430,9 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                             if vpp is not None or chunks or not searched.get("why_none"):
                                 searched["why_none"] = replace(lay, vpp=v).split_why_not(model.layers)
                             continue
+                        if (cand, b, mb, name) in met:
+                            continue
+                        met.add((cand, b, mb, name))
                         why = check_schedule(name, pp=p, vpp=v, layers=model.layers, batch=b, micro_batch=mb,
                                              policy_name="store_all", uneven=cand.uneven)
                         if not why and schedule_why_not is not None:  # the framework's own rule (torchtitan: m >= pp)
