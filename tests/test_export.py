@@ -735,8 +735,9 @@ def test_a_zero3_plan_exports_as_megatron_fsdp():
         assert "--use-megatron-fsdp" not in one.files["megatron.sh"]
     two = export_plan(_plan("gpt-7b", Layout(tp=2, dp=4, zero=2), ("full_recompute",), seq=4096), "megatron",
                       price=False, nearest=True)
-    assert [g.nearest for g in two.gaps if "ZeRO" in g.what] == ["--use-distributed-optimizer, or Megatron-FSDP for "
-                                                              "ZeRO 3 (ZeRO 1)"]
+    assert [g.nearest for g in two.gaps if "ZeRO" in g.what] == [
+        "--use-distributed-optimizer, or Megatron-FSDP for ZeRO 3 (its optim_grads strategy, ZeRO 2's sharding, memo's "
+        "megatron data does not price) (ZeRO 1)"]
     off = _plan("gpt-7b", Layout(tp=2, dp=4, zero=3, optimizer_offload=True), ("full_recompute",), seq=4096)
     assert any("optimizer offload" in g.what for g in export_plan(off, "megatron", price=False, nearest=True).gaps)
     fw = get_framework("megatron")

@@ -29,8 +29,14 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
         module = EXPORTERS[to]
     except KeyError:
         raise MemoError(f"--to {to!r}: no exporter; choose one of {', '.join(EXPORTERS)}") from None
-    ex = module.export(plan, price=price)
-    if nearest or not (any(g.change != PlanChange() for g in ex.gaps) or _out_of_memory(ex.nearest)):
+    try:
+        ex, no_nearest = module.export(plan, price=price), None
+    except MemoError as e:  # no nearest settings of the plan run there (a gap the exporter cannot write around)
+        if nearest:
+            raise
+        ex, no_nearest = None, e
+    if ex is not None and (nearest or not (any(g.change != PlanChange() for g in ex.gaps)
+                                           or _out_of_memory(ex.nearest))):
         return ex
     if on_search is not None:
         on_search(module.FRAMEWORK)
@@ -41,18 +47,35 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
         alt, summary = best_runnable(plan, module.FRAMEWORK, jobs=jobs, progress=progress,
                                      keep_format=writes is None or writes(plan))
     except MemoError as e:  # the framework's search itself refused: the nearest settings, as with --nearest
+        if ex is None:
+            raise _none_either(no_nearest, module.FRAMEWORK) from None
         ex.gaps.append(Gap(f"a plan {module.FRAMEWORK} runs", f"the what-if constrained to --framework "
                            f"{module.FRAMEWORK} refused ({str(e).splitlines()[0]}): the nearest settings are written"))
         return ex
     if alt is None:  # nothing the framework offers fits: memo's plan's nearest settings, priced
+        if ex is None:
+            raise _none_either(no_nearest, module.FRAMEWORK)
         ex.gaps.append(Gap(f"a plan {module.FRAMEWORK} runs that fits", "none found by the what-if constrained to "
                            f"--framework {module.FRAMEWORK}: the nearest settings of memo's plan are written"))
         return ex
+    if ex is None:  # the framework's best plan written where memo's has no nearest settings there (a review: export
+        # promised it, and refused in one line while the constrained what-if found one)
+        why = str(no_nearest).splitlines()[0].split(": ", 1)[-1]  # "--to NAME: " off, and the advice to export
+        summary["why"] = [why.rsplit("; export ", 1)[0]]  # another plan, which this is
+        return module.export(alt, price=price, instead=summary)
     summary["why"] = [g.what for g in ex.gaps if g.change != PlanChange()]  # what memo's plan has that it lacks
     if _out_of_memory(ex.nearest) and not summary["why"]:  # expressed, but out of memory as the framework runs it
         summary["does_not_fit"] = (f"with its own mechanisms ({', '.join(ex.nearest['mechanisms']) or 'none'}), "
                                    f"memo predicts it does not fit: {ex.nearest['failure'] or ex.nearest['status']}")
     return module.export(alt, price=price, instead=summary)
+
+
+def _none_either(refusal: MemoError, framework: str) -> MemoError:
+    """The exporter's refusal (no nearest settings of the plan run there) with the constrained what-if's answer put
+    before its advice: it found no plan the framework runs either."""
+    head, sep, advice = str(refusal).partition("; export ")
+    return MemoError(f"{head}; the what-if constrained to --framework {framework} finds no plan it runs that fits "
+                     f"either{sep}{advice}")
 
 
 def _out_of_memory(priced: dict | None) -> bool:

@@ -170,7 +170,13 @@ def price_line(n: dict) -> str:
         return (f"memo predicts the nearest plan ({n['label']}) does not fit: "
                 + (n["failure"] if n.get("failure") else n["status"]) + own)
     text = f"memo predicts the nearest plan ({n['label']}): {fmt_time(n['iteration_s'])}/iteration"
-    if planned:
+    seqs, planned_seqs = n.get("sequences"), n.get("planned_sequences")
+    if planned and seqs and planned_seqs and seqs != planned_seqs:  # a gap changed the sequences a step: compared
+        # per sequence (a review: 4 sequences against the plan's 1 read +693.8%)
+        per, planned_per = n["iteration_s"] / seqs, planned / planned_seqs
+        text += (f" for {seqs} sequences a step against {fmt_time(planned)} for the plan's {planned_seqs} "
+                 f"({fmt_time(per)} a sequence against {fmt_time(planned_per)}: {100 * (per / planned_per - 1):+.1f}%)")
+    elif planned:
         text += f" against {fmt_time(planned)} for the plan ({100 * (n['iteration_s'] / planned - 1):+.1f}%)"
     return text + f", peak {fmt_bytes(n['peak_gpu_bytes'])} (simulated, profile {n.get('profile', '?')})" + own
 
@@ -298,6 +304,7 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None 
     return {"label": label, "status": res.status, "iteration_s": res.iteration_s, "mfu": res.mfu,
             "mechanisms": mechanisms,
             "peak_gpu_bytes": res.peak_gpu_bytes, "planned_iteration_s": plan.predicted.iteration_s,
+            "sequences": nearest_batch(plan, gaps) * layout.dp, "planned_sequences": plan.batch * plan.layout.dp,
             "profile": load_profile(plan.profile).name,
             "failure": res.failure.message() if res.failure is not None else None}
 

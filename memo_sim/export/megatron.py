@@ -17,7 +17,8 @@ from dataclasses import replace
 
 from memo_sim.export.base import alloc_env, alloc_gap
 from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap,
-                                  metp_gap, nearest_batch, nearest_plan, not_modelled_gap, optimizer_offload_gap,
+                                  metp_gap, nearest_batch, nearest_model, nearest_plan, not_modelled_gap,
+                                  optimizer_offload_gap,
                                   policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.errors import MemoError
 from memo_sim.layout.kv_heads import kv_heads_why_not
@@ -51,10 +52,14 @@ _RUNS = {name: " ".join(f"{o} {v if isinstance(v, str) else ' '.join(v)}" for o,
 # ArgumentGroupFactory) turns cpu_offloading on (validate_args: `if args.cpu_offloading_num_layers > 0:
 # args.cpu_offloading = True`); cpu_offloading itself is excluded from the generated options (arguments.py's list of
 # TransformerConfig fields with no CLI argument), so there is no --cpu-offloading (a review found the note naming it).
-# TransformerConfig refuses it beside pipeline stages or activation recompute
-_OFFLOAD_NOTE = ("Megatron's --cpu-offloading-num-layers N (which turns its cpu_offloading on), with Transformer "
-                 "Engine, moves whole layers' activations to the host, not a fraction of each layer's token rows, "
-                 "and runs without pipeline stages or recompute only")
+# TransformerConfig refuses it beside pipeline stages or activation recompute. d98e8a64 also offloads chosen modules'
+# inputs (--fine-grained-activation-offloading --offload-modules ... --activation-offload-fraction: TransformerConfig
+# fine_grained_activation_offloading, transformer_config.py:1323-1361), which memo does not price (a review: the note
+# named the layer-level offload alone)
+_OFFLOAD_NOTE = ("Megatron's activation offload moves whole layers' activations (--cpu-offloading-num-layers N, "
+                 "without pipeline stages or recompute only) or chosen modules' inputs (--fine-grained-activation-"
+                 "offloading --offload-modules ... --activation-offload-fraction F), not a fraction of each layer's "
+                 "token rows; memo prices neither, so neither is written")
 
 
 def gaps(plan: Plan) -> list[Gap]:
@@ -65,7 +70,8 @@ def gaps(plan: Plan) -> list[Gap]:
     return (uly + _window_cp_gaps(plan, uly) + metp_gap(plan)
             + async_tp_gap(plan, "Megatron TP with sequence parallelism, its collectives on the critical path "
                                  "(--tp-comm-overlap, TransformerEngine's userbuffer overlap, is not priced by memo)")
-            + zero_gap(plan, (0, 1, 3), "--use-distributed-optimizer, or Megatron-FSDP for ZeRO 3")
+            + zero_gap(plan, (0, 1, 3), "--use-distributed-optimizer, or Megatron-FSDP for ZeRO 3 (its optim_grads "
+                                        "strategy, ZeRO 2's sharding, memo's megatron data does not price)")
             + dp_flavour_gap(plan, FRAMEWORK) + balance_gap(plan, FRAMEWORK)
             + policy_gaps(plan, _RUNS, notes={"memo": _OFFLOAD_NOTE, "full_offload": _OFFLOAD_NOTE})
             + gemm_format_gap(plan, "megatron") + optimizer_offload_gap(plan, "megatron") + _attention_gaps(plan)
@@ -397,10 +403,13 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
         args.append(("--untie-embeddings-and-output-weights", None))
     if m.dtype in ("bf16", "fp16"):
         args.append((f"--{m.dtype}", None))
-    if m.gemm_format in FP8_RECIPES:
-        args += [("--fp8-format", FP8_FORMATS[m.gemm_format]), ("--fp8-recipe", FP8_RECIPES[m.gemm_format])]
-    elif m.gemm_format in FP4_RECIPES:
-        args += [("--fp4-format", "e2m1"), ("--fp4-recipe", FP4_RECIPES[m.gemm_format])]
+    # the format the nearest plan is priced in: a format Megatron-LM lacks replaced by its nearest (`gemm_format_gap`;
+    # a review: an fp8-rowwise plan priced as fp8-tensorwise was written with no --fp8-* option, so trained in bf16)
+    fmt = nearest_model(plan, applied).gemm_format
+    if fmt in FP8_RECIPES:
+        args += [("--fp8-format", FP8_FORMATS[fmt]), ("--fp8-recipe", FP8_RECIPES[fmt])]
+    elif fmt in FP4_RECIPES:
+        args += [("--fp4-format", "e2m1"), ("--fp4-recipe", FP4_RECIPES[fmt])]
     args += moe_arguments(plan, lay)
     args.append(("--tensor-model-parallel-size", str(lay.tp)))
     if lay.tp > 1 and lay.sp:
@@ -449,13 +458,15 @@ def _plan_header(plan: Plan, applied: list[Gap]) -> list[str]:
     above a script of another)."""
     lay, pol, schedule = nearest_plan(plan, applied)
     batch = nearest_batch(plan, applied)
+    fmt = nearest_model(plan, applied).gemm_format
     seqs = f"{batch} sequence{'s' if batch != 1 else ''} per replica"
     out = [f"# the plan: {plan.model.name}, {plan.seq_tokens} tokens x {plan.batch} "
            f"sequence{'s' if plan.batch != 1 else ''} per replica, "
-           f"{plan.layout.label()}, {plan.policy.label()}, schedule {plan.schedule}"]
-    if (lay, pol.label(), schedule, batch) != (plan.layout, plan.policy.label(), plan.schedule, plan.batch):
+           f"{plan.layout.label()}, {plan.policy.label()}, schedule {plan.schedule}, {plan.model.gemm_format} GEMMs"]
+    if (lay, pol.label(), schedule, batch, fmt) != (plan.layout, plan.policy.label(), plan.schedule, plan.batch,
+                                                    plan.model.gemm_format):
         out.append(f"# written (the nearest Megatron-LM runs, gaps above): {seqs}, {lay.label()}, {pol.label()}, "
-                   f"schedule {schedule}")
+                   f"schedule {schedule}, {fmt} GEMMs")
     return out
 
 

@@ -338,14 +338,16 @@ def _dispatcher_gap(plan: Plan) -> list[Gap]:
                 "torchtitan/models/common/token_dispatcher.py)", PlanChange(layout={"moe_dispatcher": "alltoall"}))]
 
 
-def _microbatch_gap(plan: Plan) -> list[Gap]:
+def _microbatch_gap(plan: Plan, earlier: list[Gap]) -> list[Gap]:
     """PyTorch's Schedule1F1B raises where the micro-batches are fewer than the stages (`Framework.schedule_why_not`;
     a review: a plan of 2 micro-batches over 4 stages was written as expressed): the nearest runs as many micro-batches
-    as stages, the batch raised to them."""
+    as stages, the batch raised to them. The schedule and batch the ``earlier`` gaps leave (a review: an SPPO plan,
+    written as 1F1B, kept its one micro-batch over 4 stages, which Schedule1F1B refuses)."""
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
 
-    lay, m = plan.layout, plan.micro_batches
-    why = get_framework(FRAMEWORK).schedule_why_not(plan.schedule, lay.pp, m)
+    lay, _, schedule = nearest_plan(plan, earlier)
+    m = nearest_batch(plan, earlier) // plan.micro_batch
+    why = get_framework(FRAMEWORK).schedule_why_not(schedule, lay.pp, m)
     if not why:
         return []
     batch = lay.pp * plan.micro_batch
@@ -366,7 +368,8 @@ def gaps(plan: Plan) -> list[Gap]:
                                        "MTP, model_registry num_mtp_layers, runs without PP and CP only")
     if plan.layout.pp > 1 and pipeline_split(plan) is None and module_fqns(plan) is None:
         out += uneven_stages_gap(plan, "torchtitan (module_fqns_per_model_part)")
-    out += _dispatcher_gap(plan) + _microbatch_gap(plan) + alloc_gap(plan)
+    out += _dispatcher_gap(plan)
+    out += _microbatch_gap(plan, out) + alloc_gap(plan)
     if plan.layout.etp > 1:
         out.append(Gap(f"expert tensor parallelism over {plan.layout.etp} ranks", "experts whole on each EP rank "
                        "(torchtitan at this version has no expert tensor parallelism)", PlanChange(layout={"etp": 1})))
