@@ -96,7 +96,7 @@ def test_deepspeed_ulysses_beyond_the_heads_without_sequences_to_split_is_refuse
         # without --nearest the framework's best plan is searched first (2026-12-02), announced on its own line
         # unless --no-progress, and found to be none either
         assert len(lines) == (2 if not extra else 1) and "heads (32)" in lines[-1], r.output
-        assert ("finds no plan it runs that fits either" in lines[-1]) == (extra != ["--nearest"])
+        assert ("the what-if constrained to --framework deepspeed" in lines[-1]) == (extra != ["--nearest"])
         assert "ring context parallelism" not in r.output
     assert not (tmp_path / "x").exists()
 

@@ -60,3 +60,21 @@ def test_an_sppo_plan_written_as_torchtitan_1f1b_runs_a_micro_batch_per_stage(tm
     line = [ln for ln in run_sim(["export", tmp_path / "P" / "plan.json", "--to", "torchtitan", "--nearest",
                                   "--out", tmp_path / "X"]).output.splitlines() if "memo predicts" in ln][0]
     assert "for 4 sequences a step against" in line and "for the plan's 1 (" in line and " a sequence against " in line
+
+
+def test_a_plan_without_nearest_settings_says_nearest_refuses_and_other_errors_pass_through(tmp_path):
+    """The export written in its place does not advise --nearest (which refuses it); an error that is not the
+    exporter's 'no nearest settings' (an unknown profile, through the API) is raised as it is, not blamed on the
+    framework's search."""
+    import pytest
+
+    from memo_sim.errors import MemoError
+
+    run_sim(["whatif", "--model", "gpt-oss-20b", "--gpus", "16", "--seq", "128K", "--profile", "h100-sxm5-80gb",
+             "--tp", "2", "--cp", "8", "--ep", "8", "--batch", "1", "--out", tmp_path / "P"])
+    r = run_sim(["export", tmp_path / "P" / "plan.json", "--to", "megatron", "--out", tmp_path / "X"])
+    assert "`--nearest` writes" not in r.output and "has no nearest settings there (`--nearest` refuses it)" in r.output
+    bad = replace(read_plan(tmp_path / "P" / "plan.json"), profile="no-such-gpu")
+    with pytest.raises(MemoError) as e:
+        export_plan(bad, "megatron")
+    assert "no-such-gpu" in str(e.value) and "constrained" not in str(e.value)

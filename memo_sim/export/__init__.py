@@ -11,7 +11,7 @@ from types import ModuleType
 
 from memo_sim.errors import MemoError
 from memo_sim.export import deepspeed, megatron, torchtitan
-from memo_sim.export.base import Export, Gap, PlanChange, best_runnable
+from memo_sim.export.base import Export, Gap, NoNearest, PlanChange, best_runnable
 from memo_sim.plan.schema import Plan
 
 EXPORTERS: dict[str, ModuleType] = {"megatron": megatron, "torchtitan": torchtitan, "deepspeed": deepspeed}
@@ -29,9 +29,13 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
         module = EXPORTERS[to]
     except KeyError:
         raise MemoError(f"--to {to!r}: no exporter; choose one of {', '.join(EXPORTERS)}") from None
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    load_profile(plan.profile)  # an unknown profile is the plan's error, not a framework's (a review: through the API
+    # it came back as the framework's search finding no plan)
     try:
         ex, no_nearest = module.export(plan, price=price), None
-    except MemoError as e:  # no nearest settings of the plan run there (a gap the exporter cannot write around)
+    except NoNearest as e:  # no nearest settings of the plan run there (a gap the exporter cannot write around)
         if nearest:
             raise
         ex, no_nearest = None, e
@@ -47,7 +51,7 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
         alt, summary = best_runnable(plan, module.FRAMEWORK, jobs=jobs, progress=progress,
                                      keep_format=writes is None or writes(plan))
     except MemoError as e:  # the framework's search itself refused: the nearest settings, as with --nearest
-        if ex is None:
+        if ex is None:  # (the search's own words may blame a mechanism the plan's gap is not about: the exporter's)
             raise _none_either(no_nearest, module.FRAMEWORK) from None
         ex.gaps.append(Gap(f"a plan {module.FRAMEWORK} runs", f"the what-if constrained to --framework "
                            f"{module.FRAMEWORK} refused ({str(e).splitlines()[0]}): the nearest settings are written"))
@@ -62,6 +66,7 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
         # promised it, and refused in one line while the constrained what-if found one)
         why = str(no_nearest).splitlines()[0].split(": ", 1)[-1]  # "--to NAME: " off, and the advice to export
         summary["why"] = [why.rsplit("; export ", 1)[0]]  # another plan, which this is
+        summary["no_nearest"] = True
         return module.export(alt, price=price, instead=summary)
     summary["why"] = [g.what for g in ex.gaps if g.change != PlanChange()]  # what memo's plan has that it lacks
     if _out_of_memory(ex.nearest) and not summary["why"]:  # expressed, but out of memory as the framework runs it
@@ -72,10 +77,10 @@ def export_plan(plan: Plan, to: str, price: bool = True, nearest: bool = False, 
 
 def _none_either(refusal: MemoError, framework: str) -> MemoError:
     """The exporter's refusal (no nearest settings of the plan run there) with the constrained what-if's answer put
-    before its advice: it found no plan the framework runs either."""
+    before its advice: it found no plan the framework runs either (refusing, or none fitting)."""
     head, sep, advice = str(refusal).partition("; export ")
-    return MemoError(f"{head}; the what-if constrained to --framework {framework} finds no plan it runs that fits "
-                     f"either{sep}{advice}")
+    return MemoError(f"{head}; the what-if constrained to --framework {framework} finds no plan it runs either"
+                     f"{sep}{advice}")
 
 
 def _out_of_memory(priced: dict | None) -> bool:
@@ -84,4 +89,4 @@ def _out_of_memory(priced: dict | None) -> bool:
     return priced is not None and not priced.get("error") and priced.get("status") not in (None, "OK")
 
 
-__all__ = ["EXPORTERS", "Export", "Gap", "export_plan"]
+__all__ = ["EXPORTERS", "Export", "Gap", "NoNearest", "export_plan"]

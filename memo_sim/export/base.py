@@ -87,6 +87,11 @@ class Export:
         return "\n".join(prefix + ln if ln else prefix.rstrip() for ln in lines)
 
 
+class NoNearest(MemoError):
+    """An exporter's refusal: no nearest settings of the plan run in the framework (a gap it cannot write around);
+    `memo_sim.export.export_plan` writes the framework's best plan instead, and refuses with it under --nearest."""
+
+
 def instead_lines(i: dict, framework: str) -> list[str]:
     """Why another plan than the one asked for was exported, and what it gives up."""
     version = "" if i["framework"] == framework else f" ({i['framework']})"
@@ -115,8 +120,9 @@ def instead_lines(i: dict, framework: str) -> list[str]:
         less = " on less work (its multi-token-prediction modules left out, above)" if i.get("mtp_dropped") else ""
         out.append((f"It gives up {100 * given_up:.1f}% of the throughput of" if given_up >= 0 else
                     f"It gives {100 * -given_up:.1f}% more throughput than")
-                   + f" memo's plan ({fmt_time(i['plan_iteration_s'])}/iteration){less}; `--nearest` writes memo's "
-                   "plan's nearest settings instead.")
+                   + f" memo's plan ({fmt_time(i['plan_iteration_s'])}/iteration){less}; "
+                   + ("memo's plan has no nearest settings there (`--nearest` refuses it)." if i.get("no_nearest") else
+                      "`--nearest` writes memo's plan's nearest settings instead."))
     return out
 
 

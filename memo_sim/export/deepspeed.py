@@ -20,12 +20,11 @@ import dataclasses
 import json
 import shlex
 
-from memo_sim.errors import MemoError
 from memo_sim.export.base import alloc_env, alloc_gap
-from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap,
-                                  interleave_gap, metp_gap, mtp_gap, nearest_batch, nearest_plan, rank_order_gap,
-                                  rotary_gaps, not_modelled_gap, optimizer_offload_gap, policy_gaps, uneven_stages_gap,
-                                  price_nearest, shape_arguments, torchrun_line)
+from memo_sim.export.base import (Export, Gap, NoNearest, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap,
+                                  gemm_format_gap, interleave_gap, metp_gap, mtp_gap, nearest_batch, nearest_plan,
+                                  rank_order_gap, rotary_gaps, not_modelled_gap, optimizer_offload_gap, policy_gaps,
+                                  uneven_stages_gap, price_nearest, shape_arguments, torchrun_line)
 from memo_sim.layout.parallel import check_layout
 from memo_sim.plan.schema import Plan
 from memo_sim.frameworks import deepspeed_moe_why_not
@@ -138,7 +137,7 @@ def _heads_gap(plan: Plan, earlier: list[Gap]) -> list[Gap]:
                         PlanChange(layout={"ulysses": d, "dp": cap.dp}, batch=batch))]
     heads = ("; Megatron-DeepSpeed asserts num_attention_heads % the sequence-parallel size == 0"
              if plan.model.heads % u else "")
-    raise MemoError(f"--to deepspeed: no DeepSpeed layout runs this plan on its {plan.gpus} GPUs: its TP x CP x "
+    raise NoNearest(f"--to deepspeed: no DeepSpeed layout runs this plan on its {plan.gpus} GPUs: its TP x CP x "
                     f"Ulysses is DeepSpeed-Ulysses over {u} GPUs there, which cannot run ({why}{heads}), and a "
                     f"smaller Ulysses degree "
                     f"needs the {plan.batch} sequence{'s' if plan.batch != 1 else ''} per replica split over more "

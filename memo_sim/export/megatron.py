@@ -16,11 +16,10 @@ import shlex
 from dataclasses import replace
 
 from memo_sim.export.base import alloc_env, alloc_gap
-from memo_sim.export.base import (Export, Gap, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap, gemm_format_gap,
-                                  metp_gap, nearest_batch, nearest_model, nearest_plan, not_modelled_gap,
-                                  optimizer_offload_gap,
-                                  policy_gaps, price_nearest, shape_arguments, torchrun_line, ulysses_gap, zero_gap)
-from memo_sim.errors import MemoError
+from memo_sim.export.base import (Export, Gap, NoNearest, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap,
+                                  gemm_format_gap, metp_gap, nearest_batch, nearest_model, nearest_plan,
+                                  not_modelled_gap, optimizer_offload_gap, policy_gaps, price_nearest, shape_arguments,
+                                  torchrun_line, ulysses_gap, zero_gap)
 from memo_sim.layout.kv_heads import kv_heads_why_not
 from memo_sim.layout.parallel import check_layout
 from memo_sim.model.rope import YARN_PARAMS, llama3_rope_factor, yarn_params
@@ -123,7 +122,7 @@ def _window_cp_gaps(plan: Plan, earlier: list[Gap]) -> list[Gap]:
         # TransformerEngine runs it (the heads split whole over the all-to-all), memo does not price it
         return [Gap(what, f"TransformerEngine's all-to-all CP over {total} GPUs (--cp-comm-type a2a), which memo "
                           f"cannot price ({a2a_why}): {te}", change)]
-    raise MemoError(f"--to megatron: {what} cannot run ({te}); an all-to-all CP of {total} GPUs does not split the "
+    raise NoNearest(f"--to megatron: {what} cannot run ({te}); an all-to-all CP of {total} GPUs does not split the "
                     f"model's heads, and the ring's ranks as replicas cannot run ({a2a_why}); export a plan without "
                     f"ring CP (memo-sim whatif --framework megatron offers none for this model) or to another "
                     f"framework")

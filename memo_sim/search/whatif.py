@@ -745,6 +745,11 @@ PARALLEL_MIN = 4  # fewer candidates than this are simulated in this process (a 
 CHUNK = 32  # candidates per task of the pool
 
 
+def _pipelined(c: Candidate) -> bool:
+    """A pipeline (every schedule but the single stage): up to a few hundred times a single stage's simulation."""
+    return c.schedule != "single_stage"
+
+
 def _chunks(candidates: list[Candidate], jobs: int, among: list[int] | None = None) -> list[list[int]]:
     """The pool's tasks, in the order it hands them out: candidates that share per-GPU shapes
     go to one worker one after the other, so that its memoised costs and caching-allocator
@@ -754,8 +759,8 @@ def _chunks(candidates: list[Candidate], jobs: int, among: list[int] | None = No
     `CHUNK`, handed out in turn (a worker that takes the next chunk of its run, as it does when
     the workers keep pace, meets the shapes it has just simulated). ``among``: only these indices."""
     order = sorted(range(len(candidates)) if among is None else among, key=lambda i: _locality(candidates[i]))
-    heavy = [[i] for i in order if candidates[i].schedule != "single_stage"]
-    light = [i for i in order if candidates[i].schedule == "single_stage"]
+    heavy = [[i] for i in order if _pipelined(candidates[i])]
+    light = [i for i in order if not _pipelined(candidates[i])]
     step = max(1, -(-len(light) // jobs))
     runs = [[run[k:k + CHUNK] for k in range(0, len(run), CHUNK)]
             for run in (light[start:start + step] for start in range(0, len(light), step))]
@@ -837,7 +842,7 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
 
     # two pipelines or more go to the pool however few: each costs far more than the pool's start (SPPO's up to a few
     # seconds at 1M tokens; a verdict's round of two SPPO plans ran one after the other, 2026-12-02)
-    heavy = sum(1 for c in candidates if c.schedule != "single_stage" and not (ahead is not None and ahead.has(c)))
+    heavy = sum(1 for c in candidates if _pipelined(c) and not (ahead is not None and ahead.has(c)))
     if jobs <= 1 or (len(work) < PARALLEL_MIN and heavy < 2):
         done = 0
         with _fewer_collections():
@@ -1095,12 +1100,22 @@ def _idle_on_best(head: list[Candidate], work: Callable[[Candidate], object]) ->
         work(ok[0])
 
 
+def _ranked(head: list[Candidate], candidates: list[Candidate]) -> list[Candidate]:
+    """The ranking: ``head`` (the simulated) by `Candidate.sort_key`, then the rest of ``candidates`` in their order."""
+    ids = {id(h) for h in head}
+    return sorted(head, key=Candidate.sort_key) + [c for c in candidates if id(c) not in ids]
+
+
 def _idle_for_child(head: list[Candidate], while_waiting: Callable[[Candidate], object] | None,
                     guess: Callable[[], object]) -> None:
     """What this process does while it would wait for the SPPO simulation the child makes: ``while_waiting`` on
-    the best simulated plan (the plan file's memory plan), then ``guess`` (`_guess_sides`)."""
+    the best simulated plan (the plan file's memory plan; what it raises is dropped, as `SppoBeside.idle` says: the
+    same work done later raises it where it matters), then ``guess`` (`_guess_sides`)."""
     if while_waiting is not None:
-        _idle_on_best(head, while_waiting)
+        try:
+            _idle_on_best(head, while_waiting)
+        except Exception:  # noqa: BLE001  (the docs above)
+            pass
     guess()
 
 
@@ -1112,9 +1127,7 @@ def _guess_sides(candidates: list[Candidate], beside: SppoBeside, guessed: dict[
     used to simulate them one after the other (2026-12-02, GPT-13B / 64 A800s / 1M: the child's SPPO plan at
     N = 512, then N = 256 here, whose bound beat it); the others are dropped, so the answer is the one without
     guesses."""
-    done = [c for c in candidates if c.simulated is not None]
-    ids = {id(c) for c in done}
-    order = sorted(done, key=Candidate.sort_key) + [c for c in candidates if id(c) not in ids]
+    order = _ranked([c for c in candidates if c.simulated is not None], candidates)
     with _fewer_collections():
         for c in likely_next_sides(order, lambda c: beside.has(c) and c.simulated is None):
             if not beside.would_wait():
@@ -1130,9 +1143,7 @@ def _simulate_verdict_sides(candidates: list[Candidate], head: list[Candidate], 
     ``--simulate-top N`` or ``all`` the user set what tier 2 simulates: the sides' first plans only)."""
     n = 0
     for _ in range(VERDICT_ROUNDS):
-        ids = {id(h) for h in head}
-        order = sorted(head, key=Candidate.sort_key) + [c for c in candidates if id(c) not in ids]
-        need = verdict_sides_to_simulate(order, bounded=bounded)
+        need = verdict_sides_to_simulate(_ranked(head, candidates), bounded=bounded)
         if not need:
             break
         run(need)
@@ -1269,9 +1280,7 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
         # above the best simulated', a bound the search went on to simulate, where the report said 'the closest
         # skipped bound is 0.4% below')
         stage("done: " + result.tier2.line().removeprefix("tier 2: "))
-        ids = {id(h) for h in head}
-        result.candidates = sorted(head, key=Candidate.sort_key) + [c for c in result.candidates
-                                                                    if id(c) not in ids]
+        result.candidates = _ranked(head, result.candidates)
         result.simulated = len(head)
     if result.sppo is not None:
         result.sppo_summary = summarize(result.sppo, result.candidates)
