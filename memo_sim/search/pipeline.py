@@ -49,6 +49,7 @@ from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.bound import pipeline_family_tgs_bound
+from memo_sim.search.prune import below
 from memo_sim.search.candidate import PIPELINE_HOST_WORDS, Candidate, _hosts_words, _rounding_words, need_of_capacity
 from memo_sim.search.estimate import (
     active_gpus_per_node, estimate_pipeline, memo_alpha, pipeline_bubble, stage_shard,
@@ -463,7 +464,7 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                             if not reference:
                                 reference.append(floor())
                             ub = pipeline_family_tgs_bound(model, cand, b, mb, seq, profile)
-                            if reference[0] is not None and ub < reference[0]:
+                            if reference[0] is not None and below(ub, reference[0]):
                                 not_built["families"] += 1
                                 if name not in not_built["schedules"]:
                                     not_built["schedules"].append(name)
