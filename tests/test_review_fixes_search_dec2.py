@@ -56,3 +56,17 @@ def test_the_comparison_searches_name_their_stages_after_the_answers():
     later = seen[done + 1:]
     assert any(w.startswith("memo's own search (the gap line): ") for w in later), later
     assert any(w.startswith("the same search in bf16 (what FP8 buys): ") for w in later), later
+
+
+def test_the_gap_split_runs_memos_plan_with_the_frameworks_model_too(tmp_path):
+    """Under FP8 the framework trains the model otherwise (its FP8 library's saved inputs, the copies on the GPU): the
+    split ran memo's model with the framework's layout alone and blamed memo's layout and policy (0.98x) for two
+    plans of one layout and policy."""
+    from tests.cli_run import run_sim
+
+    r = run_sim(["whatif", "--model", "qwen3-30b-a3b", "--gpus", "40", "--seq", "32K", "--profile", "b200-180gb",
+                 "--precision", "fp8-tensorwise", "--pp", "5", "--framework", "megatron", "--global-batch", "10",
+                 "--tp", "4", "--ep", "8", "--no-plan", "--top", "1"])
+    line = next(ln for ln in r.output.splitlines() if "the gap split:" in ln)
+    assert "1.00x megatron's best from memo's layout and policy" in line, line
+    assert "fp8_saved_inputs False -> True" in line, line

@@ -25,7 +25,7 @@ from memo_sim.plan.schema import Plan
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.prune import SIMULATE_BOUND
 from memo_sim.search.candidate import Candidate
-from memo_sim.cost.gemm_format import check_gemm_format
+from memo_sim.cost.gemm_format import check_gemm_format, for_profile
 from memo_sim.errors import MemoError
 from memo_sim.frameworks import mechanism_changes
 from memo_sim.search.frameworks import get_framework
@@ -412,14 +412,21 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
         # the user's --alloc-conf on top, as the ranked plans have it (a review: "expandable_segments True -> False")
         lay = _adapter(lambda x: fw.adapt(x, req.profile), req.alloc_conf)(memo_best.layout)
         why = framework_runs_why_not(fw, lay, memo_best, req)
+        try:  # the model as the framework trains it too (its FP8 library's saved inputs and gathers, ...: a review
+            # blamed memo's layout and policy for 0.98x where the two plans differed only there)
+            fmodel = for_profile(fw.for_model(memo_best.model), req.profile)  # (its copies on this GPU: the search's)
+        except MemoError as e:
+            why, fmodel = why or str(e).splitlines()[0], memo_best.model
         if why:
             memo_on_framework = {"not_runnable": why, "layout_label": lay.label()}
-        elif lay == memo_best.layout:  # memo's best already runs the framework's mechanisms (`gap_line` says so)
-            memo_on_framework = {"same_mechanisms": True, "layout_label": lay.label()}
+        elif lay == memo_best.layout and fmodel == memo_best.model:  # memo's best already runs the framework's
+            memo_on_framework = {"same_mechanisms": True, "layout_label": lay.label()}  # mechanisms (`gap_line`)
         else:
             try:
-                memo_on_framework = {**simulate_variant(memo_best, lay, req.allocator_lag), "layout_label": lay.label(),
-                                     "mechanisms": mechanism_changes(memo_best.layout, lay, req.profile)}
+                memo_on_framework = {**simulate_variant(memo_best, lay, req.allocator_lag, model=fmodel),
+                                     "layout_label": lay.label(),
+                                     "mechanisms": mechanism_changes(memo_best.layout, lay, req.profile)
+                                     + _model_changes(memo_best.model, fmodel)}
             except MemoError:  # the plan is not one the simulator builds with those mechanisms: no split
                 memo_on_framework = None
     advice = [] if result.best is not None else not_searched(req.gpus, req.searched_policies, req.framework,
@@ -437,6 +444,12 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
                 raise
     return WhatifAnswer(req, result, memo_best, advice, bf16_best, bf16_searched, memo_on_framework,
                         _searched_split_best(req, result, progress))
+
+
+def _model_changes(mine, theirs) -> list[str]:
+    """The model fields a framework trains otherwise (`Framework.for_model`), as 'field old -> new'."""
+    return [f"{f.name} {getattr(mine, f.name)} -> {getattr(theirs, f.name)}" for f in fields(mine)
+            if f.name != "not_modelled" and getattr(mine, f.name) != getattr(theirs, f.name)]
 
 
 class _LaterSearch:

@@ -689,10 +689,11 @@ def _simulate_summary(args: tuple) -> dict:
     return r.to_dict()
 
 
-def simulate_variant(c: Candidate, layout: Layout, allocator_lag: int = 0) -> dict:
+def simulate_variant(c: Candidate, layout: Layout, allocator_lag: int = 0, model: ModelConfig | None = None) -> dict:
     """The tier-2 summary of candidate ``c`` on ``layout`` instead (e.g. the same plan with a framework's
-    mechanisms): the same model, batch, policy, schedule and profile, simulated as the ranking simulates."""
-    return _simulate_summary(_summary_args(replace(c, layout=layout), True, allocator_lag))
+    mechanisms), and ``model`` where given (as the framework trains it): the same batch, policy, schedule and
+    profile, simulated as the ranking simulates."""
+    return _simulate_summary(_summary_args(replace(c, layout=layout, model=model or c.model), True, allocator_lag))
 
 
 _FORKED_WORK: list[tuple] = []  # the arguments of `_simulate_summary`, inherited by forked workers
