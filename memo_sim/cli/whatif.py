@@ -155,7 +155,8 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--framework", default=ASKED["framework"], show_default=True, type=click.Choice(list(FRAMEWORKS)),
               help="Search only what this framework offers, and compare its best plan with memo's.")
 @click.option("--sweep-alpha", is_flag=True,
-              help="Simulate MEMO at alpha = 0, 0.125, ..., 1 for the (best) fixed layout; writes alpha_sweep.png.")
+              help="Simulate MEMO at alpha = 0, 0.125, ..., 1 on one layout: the fixed degrees', else the analytic "
+                   "tier's best MEMO layout (fix the what-if's answer's degrees to sweep it); writes alpha_sweep.png.")
 @click.option("--jobs", type=click.IntRange(1, 1024),
               help="Tier 2: simulate candidates in this many processes (default: every core); results are the "
                    "serial run's, in the same order.")
