@@ -746,7 +746,7 @@ PARALLEL_MIN = 4  # fewer candidates than this are simulated in this process (a 
 CHUNK = 32  # candidates per task of the pool
 
 
-def _pipelined(c: Candidate) -> bool:
+def _a_pipeline(c: Candidate) -> bool:
     """A pipeline (every schedule but the single stage): up to a few hundred times a single stage's simulation."""
     return c.schedule != "single_stage"
 
@@ -760,8 +760,8 @@ def _chunks(candidates: list[Candidate], jobs: int, among: list[int] | None = No
     `CHUNK`, handed out in turn (a worker that takes the next chunk of its run, as it does when
     the workers keep pace, meets the shapes it has just simulated). ``among``: only these indices."""
     order = sorted(range(len(candidates)) if among is None else among, key=lambda i: _locality(candidates[i]))
-    heavy = [[i] for i in order if _pipelined(candidates[i])]
-    light = [i for i in order if not _pipelined(candidates[i])]
+    heavy = [[i] for i in order if _a_pipeline(candidates[i])]
+    light = [i for i in order if not _a_pipeline(candidates[i])]
     step = max(1, -(-len(light) // jobs))
     runs = [[run[k:k + CHUNK] for k in range(0, len(run), CHUNK)]
             for run in (light[start:start + step] for start in range(0, len(light), step))]
@@ -843,7 +843,7 @@ def simulate_candidates(candidates: list[Candidate], progress: Progress | None =
 
     # two pipelines or more go to the pool however few: each costs far more than the pool's start (SPPO's up to a few
     # seconds at 1M tokens; a verdict's round of two SPPO plans ran one after the other, 2026-12-02)
-    heavy = sum(1 for c in candidates if _pipelined(c) and not (ahead is not None and ahead.has(c)))
+    heavy = sum(1 for c in candidates if _a_pipeline(c) and not (ahead is not None and ahead.has(c)))
     if jobs <= 1 or (len(work) < PARALLEL_MIN and heavy < 2):
         done = 0
         with _fewer_collections():
