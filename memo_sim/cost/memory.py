@@ -49,7 +49,6 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
     r = model.recipe
     g = model_gpu_params(model, layout)  # dense and routed-expert parts (`memo_sim.cost.param_split`)
     p, sh = (g.expert_local, g.expert_sharded) if experts_only else (g.local, g.sharded)
-    layer = sharded_layer_params(model, layout, experts_only)
     z = layout.zero
     flavour = layout.dp_flavour
     # ZeRO 0 run as FSDP2 over a shard group of one (``Layout.replicate_fsdp``, torchtitan; on one stage: beside
@@ -63,6 +62,8 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
     # copy beside it; with the optimizer on the host the master lives there and the device keeps the working shard
     working = (r.master_bytes == 0 or layout.optimizer_offload
                or (not as_fsdp and (z < 3 or flavour.shards_working_weights)))
+    # without a working copy (FSDP2) a one-rank expert group's experts are cast and held whole for a while too
+    layer = sharded_layer_params(model, layout, experts_only, cast_when_gathered=fsdp_like and not working)
     vocab_share = model.vocab * model.hidden / layout.tp  # the embedding's (or the head's) weights on this GPU
     return {"weights": r.weight_bytes * (sh if z >= 3 else p) if working else 0.0,
             "grads": r.grad_bytes * (sh if z >= 2 else p),
@@ -95,7 +96,8 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
                                                     layout, experts_only)}
 
 
-def sharded_layer_params(model: ModelConfig, layout: Layout, experts_only: bool = False) -> float:
+def sharded_layer_params(model: ModelConfig, layout: Layout, experts_only: bool = False,
+                         cast_when_gathered: bool = False) -> float:
     """One layer's parameters on one GPU that ZeRO 2 / 3 shards, and so holds whole only for a while (its gradients
     before their reduce-scatter, under ZeRO 3 its gathered weights): the dense part, and the routed experts only where
     their expert data-parallel group (``Layout.expert_dp``) has more than one rank. With ep x etp = dp x tp the group
@@ -103,9 +105,16 @@ def sharded_layer_params(model: ModelConfig, layout: Layout, experts_only: bool 
     already count (memo's executor: its experts' `memo_exec.distributed.zero.GradSync` runs ZeRO 0 over a group of
     one, ``zero = zero if size > 1 else 0``; Megatron-Core's distributed optimizer shards them over the expert
     data-parallel group, ``megatron/core/distributed/distributed_data_parallel.py`` ``expt_dp_group``, line 150, as
-    `memo_sim.cost.param_split` prices them). ``experts_only``: the experts' part alone."""
+    `memo_sim.cost.param_split` prices them). ``cast_when_gathered``: the flavour keeps no working copy and makes the
+    layer's model-dtype weights (and whole gradients) at each gather whatever its group's size, as FSDP2 does: torchtitan
+    puts a block's routed experts in the block's ``fully_shard`` unit over their expert-data-parallel mesh however
+    small (torchtitan/distributed/fsdp.py ``apply_fsdp`` at b5bcd76), and a one-rank mesh's unshard still casts the
+    fp32 parameters into a bf16 all-gather output and its post-backward makes a whole gradient in the reduce dtype
+    (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, _fsdp_collectives.py): the experts count
+    then at any expert-data-parallel size (a review found a one-rank group's bf16 copies counted nowhere).
+    ``experts_only``: the experts' part alone."""
     lay = layer_gpu_params(model, layout)
-    experts = lay.expert_local if layout.expert_dp > 1 else 0.0
+    experts = lay.expert_local if layout.expert_dp > 1 or cast_when_gathered else 0.0
     return experts if experts_only else lay.local - lay.expert_local + experts
 
 
