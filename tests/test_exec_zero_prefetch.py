@@ -181,4 +181,6 @@ def test_a_gathers_span_ends_when_the_gather_does_not_when_its_layer_waits(runs)
     i = CASES.index(("store_all", "slow layers"))
     for r in runs:
         gathers = [e - s for op, layer, _phase, s, e in r[i][2] if op == "param_all_gather" and layer is not None]
-        assert len(gathers) == 2 * SMALL.layers and max(gathers) < SLOW_S / 2, gathers
+        # a span closed where its layer waits would last SLOW_S at least (the sleep); a loaded machine's gloo gather
+        # took 0.22 s once (2026-12-02, beside a torchrun of an audit), past the SLOW_S / 2 this asked for before
+        assert len(gathers) == 2 * SMALL.layers and max(gathers) < SLOW_S, gathers

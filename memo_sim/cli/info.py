@@ -163,7 +163,8 @@ def framework_lines(f) -> list[str]:
            "  mechanisms: " + ", ".join(f"{k}={v}" for k, v in f.mechanisms),
            "  precision: " + ", ".join(f"{d}: {r}" for d, r in f.recipes) + ("; " if f.recipes else "")
            + "GEMM formats " + ", ".join(f.gemm_formats)
-           + "".join(f", {k.replace('_', ' ')}" for k in ("fp8_saved_inputs", "fp8_sp_gathers", "fp8_weights_per_use")
+           + "".join(f", {k.replace('_', ' ')}" for k in ("fp8_saved_inputs", "fp8_sp_gathers", "fp8_weights_per_use",
+                                                                "fp8_weights_saved")
                      if getattr(f, k)),
            f"  attention: chunked (Llama 4) {yes(f.chunked_attention)} (else run full causal), QK-norm outputs kept "
            f"for the backward {yes(f.qk_norm_outputs_kept)}"]

@@ -21,6 +21,7 @@ from functools import lru_cache
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.attention_kernel import DROPOUT_MASK_BYTES, score_matrices
+from memo_sim.cost.gemm_format import saved_weight_bytes
 from memo_sim.model.layer_graph import (DTYPE_BYTES, TensorSpec, block_tensors, fp8_attention_copy, layer_tensors,
                                         separate_norms)
 
@@ -175,6 +176,9 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
     out["attn_kernel_out"] = kernel_extra + (tensor_bytes(tens["attn"], layout, batch, seq) if "attn_fp8" in tens
                                              else 0.0)
     out["op_sac_dropped"], out["op_sac_extra"] = _op_sac_bytes(model, layout, batch, seq)
+    # a layer's quantised weight copy where autograd saves it to the layer's backward (not token-wise: no policy
+    # offloads it; `memo_sim.policy.base.Policy.kept_weights`)
+    out["fp8_weights"] = saved_weight_bytes(model, layout)
     return out
 
 

@@ -218,11 +218,23 @@ def weight_use_cast_seconds(model: ModelConfig, profile: HardwareProfile, elemen
 
 def weight_cache_bytes(model: ModelConfig, layers: float, layout: Layout, experts_only: bool = False) -> float:
     """The quantised copies of ``layers`` layers' linear weights on one GPU (`linear_params_on_gpu`); none where the
-    framework casts the weights at every use (`weight_use_cast_seconds`)."""
+    framework casts the weights at every use (`weight_use_cast_seconds`) or where each layer's copy is a saved tensor
+    of the layer rather than a per-step cache (``fp8_weights_saved``: `saved_weight_bytes`)."""
     fmt = model.gemm
-    if not fmt.quantised or model.fp8_weights_per_use:
+    if not fmt.quantised or model.fp8_weights_per_use or model.fp8_weights_saved:
         return 0.0
     return fmt.quantised_bytes(linear_params_on_gpu(model, layout, layers, experts_only=experts_only), weight=True)
+
+
+def saved_weight_bytes(model: ModelConfig, layout: Layout) -> float:
+    """One layer's quantised weight copy on one GPU where autograd saves it from the layer's forward to its backward
+    (``ModelConfig.fp8_weights_saved``: torchao eab345c's Float8Linear saves ``weight_fp8_t``, one copy of each
+    linear weight with its scale; the transposed copy its backward's GEMM makes is a temporary); 0 otherwise. The
+    policy holds it as the layer's saved tensors (`memo_sim.policy.base.Policy.kept_weights`)."""
+    fmt = model.gemm
+    if not (fmt.quantised and model.fp8_weights_saved):
+        return 0.0
+    return fmt.quantised_bytes(linear_params_on_gpu(model, layout, 1), weight=True) / fmt.copies
 
 
 def weight_recast_bytes(model: ModelConfig, layers: float, layout: Layout, owned: bool = False) -> float:

@@ -32,7 +32,7 @@ from memo_sim.policy import Policy, get_policy
 
 # the model fields a framework's FP8 library sets (`memo_sim.frameworks.Framework.for_model`,
 # `memo_sim.cost.gemm_format.for_profile`), named among the mechanisms where the export changes them
-_FP8_FIELDS = ("fp8_saved_inputs", "fp8_sp_gathers", "fp8_weights_per_use", "fp8_transposes")
+_FP8_FIELDS = ("fp8_saved_inputs", "fp8_sp_gathers", "fp8_weights_per_use", "fp8_weights_saved", "fp8_transposes")
 # a gradient reduction's element width in words (`PrecisionRecipe.grad_reduce_bytes`)
 _REDUCE_WORDS = {4: "fp32", 2: "16 bits"}
 

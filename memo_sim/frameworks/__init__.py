@@ -81,8 +81,9 @@ offers: ``recipes`` maps a model dtype to the model-state recipe the framework r
 with ``--precision`` wins), ``gemm_formats`` lists the formats (`memo_sim.model.gemm_formats`) the
 version can run (default: ``bf16`` only), and under a quantised format ``fp8_saved_inputs`` (the
 GEMM inputs kept for backward as quantised copies), ``fp8_sp_gathers`` (sequence parallelism
-all-gathers the GEMM inputs' quantised copies) and ``fp8_weights_per_use`` (the linear weights cast at every
-use, no quantised copy kept). `Framework.for_model` applies them to a model.
+all-gathers the GEMM inputs' quantised copies), ``fp8_weights_per_use`` (the linear weights cast at every
+use, no quantised copy kept) and ``fp8_weights_saved`` (each layer's quantised weight copy made by its forward and
+saved by autograd for its backward). `Framework.for_model` applies them to a model.
 
 A file's ``layouts.rank_orders`` lists the orders it numbers ranks in (`memo_sim.layout.rank_order`; default:
 pipeline stages outermost, every framework's own; Megatron-LM adds data parallelism outermost with
@@ -282,6 +283,7 @@ class _PrecisionIn(BaseModel):
     fp8_saved_inputs: bool = Field(False, strict=True)  # FP8 GEMM inputs kept for backward as FP8 copies
     fp8_sp_gathers: bool = Field(False, strict=True)  # FP8 GEMM inputs all-gathered (SP) as FP8 copies
     fp8_weights_per_use: bool = Field(False, strict=True)  # FP8 weights cast at every use, no copy kept
+    fp8_weights_saved: bool = Field(False, strict=True)  # each layer's FP8 weight saved by autograd to its backward
 
 
 class _FrameworkIn(BaseModel):
@@ -330,6 +332,7 @@ class Framework:
     fp8_saved_inputs: bool = False  # under FP8 it keeps the GEMM inputs for backward as FP8 copies
     fp8_sp_gathers: bool = False  # under FP8 its sequence-parallel all-gathers carry the GEMM inputs' FP8 copies
     fp8_weights_per_use: bool = False  # under FP8 it casts the linear weights at every use and keeps no FP8 copy
+    fp8_weights_saved: bool = False  # under FP8 each layer's forward saves its FP8 weight copy for its backward
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
     optimizer_offload_zero: tuple[int, ...] | None = None  # ... beside these ZeRO stages only (None: all it offers)
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
@@ -384,7 +387,7 @@ class Framework:
             raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
         fp8 = {"fp8_saved_inputs": self.fp8_saved_inputs, "fp8_sp_gathers": self.fp8_sp_gathers,
-               "fp8_weights_per_use": self.fp8_weights_per_use}
+               "fp8_weights_per_use": self.fp8_weights_per_use, "fp8_weights_saved": self.fp8_weights_saved}
         if model.gemm.quantised and any(getattr(model, k) != v for k, v in fp8.items()):
             model = replace(model, **fp8)
         if model.qk_norm and model.qk_norm_kept != self.qk_norm_outputs_kept:  # as it keeps them for the backward
@@ -574,6 +577,7 @@ def _read(path: Path) -> Framework:
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      fp8_weights_per_use=f.precision.fp8_weights_per_use,
+                     fp8_weights_saved=f.precision.fp8_weights_saved,
                      dp_modes=lay.dp_modes, ddp=lay.ddp, chunked_attention=f.chunked_attention,
                      shards_over_cp=lay.shards_over_cp,
                      qk_norm_outputs_kept=f.qk_norm_outputs_kept,

@@ -129,7 +129,7 @@ def stage_model_trace(model: ModelConfig, layout: Layout, micro_batch: int, seq:
         for j, i in enumerate(layers):
             add(f"{tag}.layer{i}.fwd", fwd_block, fs[j], fs[j] + 1, "pseudo", i, "fwd")
             add(f"{tag}.layer{i}.bwd", bwd_block, bs[j], bs[j] + 1, "pseudo", i, "bwd")
-            for name, nbytes in policy.kept_lse(sk) + policy.layer_blocks(sk):  # the lse where kept (`keeps_lse`)
+            for name, nbytes in policy.layer_kept_blocks(sk):  # the lse where kept (`keeps_lse`), ...
                 add(f"{tag}.layer{i}.{name}", nbytes, fs[j], bs[j] + 1, "skeletal", i)
         if layers and not rank_blocks:
             for name, nbytes, lo, hi in policy.shared_blocks(sk, _ChunkSteps(fs, bs), len(layers)):

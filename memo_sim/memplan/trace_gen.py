@@ -460,7 +460,7 @@ def model_trace(model: ModelConfig, layout: Layout, batch: int, seq: int, policy
     for i in range(n):
         add(f"layer{i}.fwd", fwd_block, st.fwd(i), st.fwd(i) + 1, "pseudo", i, "fwd")
         add(f"layer{i}.bwd", bwd_block, st.bwd(i), st.bwd(i) + 1, "pseudo", i, "bwd")
-        for name, nbytes in policy.kept_lse(sk) + policy.layer_blocks(sk):  # the lse where kept (`keeps_lse`)
+        for name, nbytes in policy.layer_kept_blocks(sk):  # the lse where kept (`keeps_lse`), ...
             add(f"layer{i}.{name}", nbytes, st.fwd(i), st.bwd(i) + 1, "skeletal", i)
     for name, nbytes, lo, hi in policy.shared_blocks(sk, st, n):
         add(name, nbytes, lo, hi, "skeletal")

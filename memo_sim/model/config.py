@@ -126,7 +126,8 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
                    "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
-                   "fp8_weights_per_use": False, "fp8_transposes": True, "qk_norm_kept": False}
+                   "fp8_weights_per_use": False, "fp8_weights_saved": False, "fp8_transposes": True,
+                   "qk_norm_kept": False}
 
 
 # the fields that describe a mixture of experts and mean nothing without ``experts`` (module docs): the one list a dense
@@ -164,6 +165,7 @@ class _ModelIn(BaseModel):
     fp8_saved_inputs: bool = Field(False, strict=True)
     fp8_sp_gathers: bool = Field(False, strict=True)
     fp8_weights_per_use: bool = Field(False, strict=True)
+    fp8_weights_saved: bool = Field(False, strict=True)
     fp8_transposes: bool = Field(True, strict=True)
     head_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     qk_norm: bool = Field(False, strict=True)
@@ -360,6 +362,12 @@ class ModelConfig:
     # and no quantised copy is kept (torchao's Float8Linear); else their copies are kept across the step's
     # micro-batches and re-cast once after the optimizer step (TransformerEngine, memo's executor); set by the framework
     fp8_weights_per_use: bool = False
+    # with a quantised format: each layer's quantised weight copy is made by its forward and saved by autograd for
+    # its backward (torchao eab345c's Float8Linear: ``ctx.save_for_backward(input_fp8, weight_fp8_t)``), so one copy
+    # a layer lives as the layer's saved tensors do under the activation policy (`memo_sim.policy.base.Policy
+    # .kept_weights`), not as a per-step cache of every layer's (`memo_sim.cost.gemm_format.weight_cache_bytes`);
+    # set by the framework
+    fp8_weights_saved: bool = False
     # with a format whose second copy is a transpose (``GemmFormat.transposed_copy``): whether the casts write it;
     # False where the GPU's FP8 GEMMs take any layout and the framework keeps one copy (TransformerEngine on
     # Blackwell); set from the framework and the profile together (`memo_sim.cost.gemm_format.for_profile`)

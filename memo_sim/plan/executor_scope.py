@@ -94,6 +94,9 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
     if model.fp8_weights_per_use:
         return (f"{what}: fp8_weights_per_use (torchao casts the weights at every use and keeps no FP8 copy): the "
                 f"executor keeps each layer's FP8 weight copies through a step; {fix}")
+    if model.fp8_weights_saved:
+        return (f"{what}: fp8_weights_saved (torchao eab345c saves each layer's FP8 weight for its backward): the "
+                f"executor keeps each layer's FP8 weight copies through a step; {fix}")
     if part:
         return f"{what}: the executor runs FP8 GEMMs in the dense layer only, not in {part}; plan with --precision bf16"
     if layout.zero >= 3:

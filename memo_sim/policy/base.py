@@ -178,9 +178,28 @@ class Policy:
         lse where `keeps_lse`, else none."""
         return [("lse", sk["lse"])] if self.keeps_lse else []
 
+    def kept_weights(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """The quantised weight copy a layer's forward saves for its backward (``sk["fp8_weights"]``, where the
+        framework's FP8 library saves it: `memo_sim.cost.gemm_format.saved_weight_bytes`), as a (tensor, bytes) list:
+        kept from the forward to the backward by every layer, like the forward's other saved tensors, but where the
+        recompute re-runs the whole layer (``recomputes_attention``) and saves it again (`rebuilt_weights`): a
+        checkpointed layer's forward saves nothing inside it. Not token-wise: no policy offloads it."""
+        b = sk.get("fp8_weights", 0.0)
+        return [("fp8_weights", b)] if b > 0 and not self.recomputes_attention else []
+
+    def rebuilt_weights(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """`kept_weights`' copy where the recompute makes it: one layer's, from its recompute to its backward's end."""
+        b = sk.get("fp8_weights", 0.0)
+        return [("fp8_weights", b)] if b > 0 and self.recomputes_attention else []
+
+    def layer_kept_blocks(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """What a layer holds from its forward to its backward in a whole-model request trace (level 2 of the memory
+        plan): its lse where kept, its `layer_blocks`, its saved weight copy (`kept_weights`)."""
+        return self.kept_lse(sk) + self.layer_blocks(sk) + self.kept_weights(sk)
+
     def forward_kept(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """(tensor, bytes) a layer allocates at its forward and frees after its backward."""
-        return self.kept_lse(sk)
+        return self.kept_lse(sk) + self.kept_weights(sk)
 
     def recompute_allocated(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """(tensor, bytes) allocated when the recompute starts, freed after the backward."""

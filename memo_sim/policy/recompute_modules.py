@@ -83,7 +83,7 @@ class RecomputeModules(StoreAll):
 
     def forward_kept(self, sk):
         out = [("skeletal", sk["total"] - self.dropped(sk) + sk["lse"])]
-        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])
+        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else []) + self.kept_weights(sk)
 
     def recompute_allocated(self, sk):
         return [("recomputed", self.dropped(sk))]

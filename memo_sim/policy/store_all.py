@@ -21,7 +21,7 @@ class StoreAll(Policy):
 
     def forward_kept(self, sk):
         out = [("skeletal", sk["total"] + sk["lse"])]
-        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])
+        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else []) + self.kept_weights(sk)
 
     def layer_blocks(self, sk):
         out = [("skeletal", sk["total"])]

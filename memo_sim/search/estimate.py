@@ -178,18 +178,23 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     fwd = n_off * max(lt.forward, lt.offload) + n_keep * lt.forward
     # offloaded layers: the prefetch runs beside the previous layer's backward (and recompute)
     bwd = 0.0
+    # ZeRO: a layer's weight gather is exposed where it outlasts the layer unit it runs beside (the next layer's is
+    # issued one layer ahead): a forward as long as its offload where that is longer, a recompute and backward as
+    # long as the prefetch beside them (a review: the gathers counted exposed beside the compute alone, so a faster
+    # GPU's offload-bound plan was estimated slower)
+    sync = grad_sync(model, layout, profile)
+    gathers = (n_off * max(0.0, sync.layer_gather - max(lt.forward, lt.offload))
+               + n_keep * max(0.0, sync.layer_gather - lt.forward))
     for i in range(n):
         r = lt.recompute if policy.recomputes_layer(i, n) else 0.0
-        bwd += max(lt.backward + r, lt.prefetch) if i < n_off else lt.backward + r
+        unit = max(lt.backward + r, lt.prefetch) if i < n_off else lt.backward + r
+        bwd += unit
+        if sync.gather_in_backward:
+            gathers += max(0.0, sync.layer_gather - unit)
     exposed = n_off * (max(0.0, lt.offload - lt.forward)
                        + max(0.0, lt.prefetch - lt.backward - lt.recompute))
     bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
-    sync = grad_sync(model, layout, profile)
     sync_exposed = sync.all_grads / n if sync.overlapped else sync.all_grads
-    # ZeRO: a layer's weight gather is exposed where it outlasts the layer it runs beside
-    gathers = n * max(0.0, sync.layer_gather - lt.forward)
-    if sync.gather_in_backward:
-        gathers += n * max(0.0, sync.layer_gather - lt.backward)
     # the multi-token-prediction modules' weights, gathered beside the last layer's forward (twice under ZeRO-3)
     gathers += max(0.0, sync.mtp_gather * (2 if sync.gather_in_backward else 1) - lt.forward)
     # the embedding's unit before the step's first op (nothing to hide it; again beside the first layer's backward
@@ -272,7 +277,9 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     else:
         last = 1
     sync_exposed = last * sync.layer_grad if sync.overlapped else serial
-    gathers = (per * max(0.0, sync.layer_gather - lt.forward) + max(0.0, sync.mtp_gather - lt.forward)
+    # each layer's gather beside the forward unit before it (as long as its offload where that is longer)
+    f_unit = max(lt.forward, lt.offload) if policy.offloads else lt.forward
+    gathers = (per * max(0.0, sync.layer_gather - f_unit) + max(0.0, sync.mtp_gather - lt.forward)
                + sync.embedding_gather + max(0.0, sync.head_gather - lt.forward))  # the end stages' units, as above
     exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \
         if policy.offloads else 0.0

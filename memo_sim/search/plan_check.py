@@ -33,13 +33,9 @@ def plan_problems(plan: Plan) -> list[str]:
     """One line per problem (``field: what; fix``); empty when the plan can run as written."""
     out = []
     try:
-        profile = load_profile(plan.profile)
+        load_profile(plan.profile)
     except MemoError as e:
         out.append(f"profile: {e}")
-    else:
-        why = layout_problem(plan, profile)
-        if why:
-            out.append(why)
     return out + runnable_problems(plan)
 
 
@@ -67,12 +63,22 @@ def refuse_layout_problem(plan_file, plan: Plan, profile) -> None:
 
 def runnable_problems(plan: Plan, memory_plan: bool = True,
                       traces: dict[str, RequestTrace] | None = None, profile=None) -> list[str]:
-    """`plan_problems` less the profile's loading (`memo-exec run --profile` may name another file): the plan's GEMM
+    """`plan_problems` less the profile's loading (`memo-exec run --profile` may name another file): the layout
+    against the model, length and the plan's own profile's nodes, where that profile loads (`layout_problem`: a
+    review found memo-exec running a METP plan without SP, which check-plan refuses, into a shape error, and a
+    materialised-attention METP plan as ring attention), the plan's GEMM
     format against ``profile`` (the one the run predicts with; None: the plan's own, where it loads:
     `gemm_format_problem`), the policy's own plan fields and, with ``memory_plan``, MEMO's static memory plan. The
     executor refuses a plan with the lines `memo-sim check-plan` refuses it with (``traces``: see
     `memory_plan_problems`)."""
     out = []
+    try:
+        own = load_profile(plan.profile)
+    except MemoError:
+        own = None  # `plan_problems` names it; memo-exec run predicts with its --profile
+    why = layout_problem(plan, own) if own is not None else None
+    if why:
+        out.append(why)
     if plan.framework not in FRAMEWORKS:  # (a review: "jax" was read, and only sweep-seq refused it, later)
         out.append(f"framework: {plan.framework!r} is not a framework memo knows; write one of {', '.join(FRAMEWORKS)}")
     why = gemm_format_problem(plan, profile)
