@@ -1568,6 +1568,15 @@ STEPS = (
      "498K, 624K to 618K; their errors on the source's grid unchanged), torchtitan's Table 5/6 rows no longer fit "
      "the 80 GB H100 beside their 96 GB part; every other row unchanged: dense 39 predicted at 11.9% / 30.9%, "
      "long-context 20 at 15.9% / 30.9%, the FP8 rows 12 at 16.0% / 29.0%, the MoE group 18 at 18.5% / 47.1%"),
+    ("torchao's saved FP8 weights", "torchtitan@2024-12's torchao (eab345c) saves each layer's FP8 weight copy "
+     "(one byte an element) for that layer's backward, held as its saved tensors are (`fp8_weights_saved`: every "
+     "layer's under store-all, the recomputed layer's alone under full AC), where memo counted two copies of the "
+     "FSDP-gathered layers' (every layer of a stage beside pipelines) as a per-step cache: no counted row moved (the "
+     "Float8 rows run full AC, their memory only falls), and the 80 GB H100 variants of Table 5's interleaved row and "
+     "Table 6's CP 8 row fit now (21.929 s and 169.031 s; no fit before); in the same run FSDP2's cast of a one-rank "
+     "expert group's experts and the analytic tier's gathers hidden under the whole layer unit moved no row: dense "
+     "39 predicted at 11.9% / 30.9%, long-context 20 at 15.9% / 30.9%, the FP8 rows 12 at 16.0% / 29.0%, the MoE "
+     "group 18 at 18.5% / 47.1%"),
 )
 
 

@@ -49,3 +49,25 @@ def test_exec_refuses_a_layout_check_plan_refuses(metp_plan, edit, words, tmp_pa
 
 def test_exec_still_accepts_the_plan_as_written(metp_plan):
     check_plan_contract(Plan.from_dict(metp_plan), "plan.json", device="cpu")
+
+
+# ---- a rank's own failure is not a collective's ------------------------------------------------------------------
+
+def test_a_ranks_own_error_is_not_blamed_on_a_peer(tmp_path, capsys):
+    """A shape error on a rank 4 s into a run was said to be a collective's, with another rank exited or the 600 s
+    timeout passed (a review); a process group's own errors still are."""
+    from memo_exec.distributed import launch
+
+    own = launch.comm_failure_line(0, RuntimeError("shape '[512, 64]' is invalid for input of size 16384"), 600,
+                                   collective=False)
+    assert launch.RUN_FAILED in own and launch.COMM_FAILED not in own and "timeout" not in own, own
+    peer = launch.comm_failure_line(1, RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer"),
+                                    600, collective=False)
+    assert launch.COMM_FAILED in peer, peer
+    assert launch.COMM_FAILED in launch.comm_failure_line(0, RuntimeError("x"), 600)  # a collective's call site
+    log = tmp_path / ".o.x.partial" / "launcher.log"
+    log.parent.mkdir()
+    log.write_text("torchrun's log\n")
+    assert launch._launch_status(1, 2, log, own, {own}, began=True) == 1  # a crash: exit 1, the stage named
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(own) and str(log) in err and len(err.splitlines()) == 1, err

@@ -120,15 +120,32 @@ def init_group(device_spec, timeout_s: float, in_process: bool = False) -> None:
 
 
 class CommFailure(Exception):
-    """A collective failed: a peer died or the process-group timeout passed."""
+    """A collective failed (a peer died or the process-group timeout passed), or the run failed on a rank mid-step:
+    its line said, exit 1, the stage kept (`_launch_status`)."""
 
 
-def comm_failure_line(rank: int, err: BaseException, timeout_s: float) -> str:
+COMM_FAILED = "a collective failed"
+RUN_FAILED = "the run failed"
+# words of a process group's own errors: torch.distributed's DistError family, or a backend's RuntimeError naming its
+# transport or its wait (gloo's "Connection closed by peer [.../gloo/transport/tcp/pair.cc]", a c10d timeout)
+_GROUP_WORDS = ("gloo", "nccl", "c10d", "processgroup", "process group", "connection", "timed out", "timeout", "socket",
+                "peer")
+
+
+def comm_failure_line(rank: int, err: BaseException, timeout_s: float, collective: bool = True) -> str:
+    """The one line of a rank's failure: a collective's (``collective``, or an error from the process group itself),
+    blaming a peer or the timeout, or the rank's own computation's otherwise (a review: a shape error 4 s into a run
+    was said to be a collective's, timed out after 600 s)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
     first = (str(err).strip().splitlines() or [type(err).__name__])[0]
     if len(first) > 240:
         first = first[:240] + "..."
-    return (f"error: rank {rank}: a collective failed ({type(err).__name__}: {first}{raised_at(err)}); another rank "
-            f"exited or did not answer within the process-group timeout ({timeout_s:.0f} s); stopping")
+    what = f"{type(err).__name__}: {first}{raised_at(err)}"
+    if collective or isinstance(err, dist.DistError) or any(w in str(err).lower() for w in _GROUP_WORDS):
+        return (f"error: rank {rank}: {COMM_FAILED} ({what}); another rank exited or did not answer within the "
+                f"process-group timeout ({timeout_s:.0f} s); stopping")
+    return f"error: rank {rank}: {RUN_FAILED} ({what}); torchrun stops the other ranks"
 
 
 def raised_at(err: BaseException) -> str:
@@ -373,7 +390,7 @@ def _launch_status(rc: int, nproc: int, log_path: Path, first_error: str | None,
     if first_error is not None:
         # a refusal (exit 2): its line alone, the caller removes the stage; a collective failure (exit 1): the stage
         # is kept, and named, as every crash's line names it
-        failed = any("a collective failed" in e for e in seen)
+        failed = any(COMM_FAILED in e or RUN_FAILED in e for e in seen)
         print(first_error if not (failed or began) else f"{first_error}; see {log_path}", file=sys.stderr)
         return 1 if failed else 2
     print(f"error: the {nproc} ranks exited with status {rc} without an error line; see {log_path}", file=sys.stderr)
@@ -507,10 +524,10 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
             payloads = gather_payloads(rank_payload(ex, res, cpu))
         except ExecError:
             raise
-        except (RuntimeError, dist.DistError) as e:  # a peer died or timed out
+        except (RuntimeError, dist.DistError) as e:  # a peer died or timed out, or the step itself failed
             if in_process or world == 1:  # no peer to blame: the error and its traceback as they are
                 raise
-            raise CommFailure(comm_failure_line(rank, e, timeout_s)) from None
+            raise CommFailure(comm_failure_line(rank, e, timeout_s, collective=False)) from None
         if rank == 0:
             merge_rank_meta(res, payloads, world, device)
             paths, comparison = write_outputs(res, out_dir, plan_file)
