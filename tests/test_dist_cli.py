@@ -63,7 +63,8 @@ def test_nproc_different_from_the_plan_is_refused_before_launch(tmp_path):
 def test_group_that_does_not_divide_is_refused(tmp_path):
     p = _plan(tmp_path, Layout(cp=2), seq=130)
     line = _one_error(CliRunner().invoke(cli, ["run", str(p), "--nproc", "2", "--device", "cpu"]))
-    assert "not divisible by 2 x cp" in line
+    # check-plan's line, before anything launches (memo_sim.search.plan_check.runnable_problems' layout check)
+    assert "layout: sequence length 130 not divisible" in line and "seq_tokens 132 (or 128) divides" in line, line
 
 
 def test_multi_device_plan_without_a_launcher_is_refused(tmp_path):

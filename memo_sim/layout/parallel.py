@@ -767,7 +767,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         if layout.pp < 2:
             return f"virtual stages (vpp = {layout.vpp}) interleave pipeline stages: they need pp >= 2"
         if model.layers % (layout.pp * layout.vpp) and not layout.uneven:
-            return f"{model.layers} layers do not split evenly into pp x vpp = {layout.pp * layout.vpp} model chunks"
+            return (f"{model.layers} layers do not split evenly into pp x vpp = {layout.pp * layout.vpp} model chunks; "
+                    f"plan with a pp x vpp that divides them, or uneven stages (first / last stage layer counts)")
     if layout.attention not in ATTENTION_KERNELS:
         return f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {layout.attention!r}"
     flavour = layout.flavour
@@ -1133,7 +1134,8 @@ def virtual_split_why_not(n_layers: int, pp: int, vpp: int = 1, first: int = 0, 
     if not (first or last):
         if n_layers % n_vs:
             if vpp > 1:
-                return f"{n_layers} layers do not split evenly into pp x vpp = {n_vs} model chunks"
+                return (f"{n_layers} layers do not split evenly into pp x vpp = {n_vs} model chunks; plan with a pp x "
+                        f"vpp that divides them, or uneven stages (first / last stage layer counts)")
             return stage_split_why_not(n_layers, pp)
         return None
     why = stage_split_why_not(n_layers, pp, first, last)

@@ -212,14 +212,15 @@ def split_why_not(layout: Layout, model: ModelConfig, batch: int, seq: int) -> s
                 f"{layout.tp}; plan a seq_tokens that is a multiple of {layout.tp * layout.cp * layout.ulysses}")
     heads_split = layout.tp * layout.ulysses
     if model.heads % heads_split:
-        return f"{model.heads} heads are not divisible by tp x ulysses = {heads_split}"
+        return (f"{model.heads} heads are not divisible by tp x ulysses = {heads_split}; plan with a tp x ulysses "
+                f"that divides {model.heads}")
     # K/V heads: whole on each rank, or (tp x ulysses a multiple of them) each repeated before Ulysses'
     # all-to-all (`memo_sim.layout.kv_heads`, `memo_exec.distributed.attention.UlyssesAttention`)
     why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads, layout.ulysses_kv)
     if why:
         return why
     if model.ffn % layout.tp:
-        return f"ffn {model.ffn} is not divisible by tp = {layout.tp}"
+        return f"ffn {model.ffn} is not divisible by tp = {layout.tp}; plan with a tp that divides {model.ffn}"
     return None
 
 
