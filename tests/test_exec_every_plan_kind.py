@@ -120,6 +120,15 @@ KINDS = {
                      "--zero", "3", "--policy", "full_recompute", "--framework", "torchtitan"]),
     "moe-pp2-fsdp": (4, ["--model", "MOE", "--pp", "2", "--dp", "2", "--ep", "2", "--batch", "2", "--schedule", "1f1b",
                          "--zero", "3", "--policy", "store_all", "--framework", "torchtitan"]),
+    # Megatron's --fine-grained-activation-offloading --offload-modules core_attn attn_proj
+    # (`memo_exec.activations.offload_modules`): alone, under TP with SP, on a MoE model and on a pipeline rank
+    "offload_attn": (1, ["--layers", "4", "--policy", "offload_attn", "--framework", "megatron"]),
+    "offload_attn-tp2": (2, ["--layers", "4", "--tp", "2", "--policy", "offload_attn", "--framework", "megatron"]),
+    "moe-offload_attn": (1, ["--model", "MOE", "--policy", "offload_attn", "--framework", "megatron"]),
+    "cp2-offload_attn": (2, ["--layers", "4", "--cp", "2", "--policy", "offload_attn"]),
+    "ulysses2-offload_attn": (2, ["--layers", "4", "--ulysses", "2", "--policy", "offload_attn"]),
+    "pp2-interleaved-offload_attn": (2, ["--layers", "6", "--pp", "2", "--schedule", "interleaved_1f1b", "--policy",
+                                         "offload_attn", "--framework", "megatron"]),
     # Megatron's --recompute-modules mlp (`memo_exec.activations.recompute_mlp`), alone and under TP with SP
     "recompute_mlp": (1, ["--layers", "4", "--policy", "recompute_mlp", "--framework", "megatron"]),
     "recompute_mlp-tp2": (2, ["--layers", "4", "--tp", "2", "--policy", "recompute_mlp", "--framework", "megatron"]),
@@ -197,7 +206,7 @@ def test_the_kinds_cover_every_schedule_policy_and_sequence_layout(plans):
         seen_lay |= {"optimizer_offload"} if lay.get("optimizer_offload") else set()
     assert seen_sched == {"single_stage", "1f1b", "interleaved_1f1b", "sppo"}
     assert {"store_all", "full_recompute", "full_offload", "memo", "sppo", "selective_recompute",
-            "recompute_moe", "recompute_norm_act", "recompute_mlp", "checkpoint_offload"} <= seen_pol
+            "recompute_moe", "recompute_norm_act", "recompute_mlp", "checkpoint_offload", "offload_attn"} <= seen_pol
     assert {"tp", "cp", "ulysses", "dp", "pp", "ep", "metp", "metp_ffn", "megatron", "fsdp",
             "optimizer_offload"} <= seen_lay
 

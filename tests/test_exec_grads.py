@@ -32,6 +32,7 @@ POLICIES = {
     "memo0.3": get_policy("memo", 0.3),
     "memo1": get_policy("memo", 1.0),
     "checkpoint_offload": get_policy("checkpoint_offload"),
+    "offload_attn": get_policy("offload_attn"),  # Megatron's --offload-modules core_attn attn_proj
 }
 
 

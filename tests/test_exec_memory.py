@@ -154,7 +154,9 @@ def test_estimate_terms_for_each_policy():
     skel = T * (64 * 8 + 256 * 2) * e  # x ln1 q k v attn h1 ln2 (h wide) + fc1 act (ffn wide), fp32
     want = {"store_all": (6 * skel, 0), "full_recompute": (6 * T * 64 * e, skel - T * 64 * e),
             "full_offload": (0, 2 * skel), "memo": (0, 2 * skel),
-            "checkpoint_offload": (0, 2 * T * 64 * e + skel - T * 64 * e)}
+            "checkpoint_offload": (0, 2 * T * 64 * e + skel - T * 64 * e),
+            # Megatron's core_attn attn_proj: q, k, v and attn (h wide) through two buffers, the rest kept
+            "offload_attn": (6 * (skel - 4 * T * 64 * e), 2 * 4 * T * 64 * e)}
     for name, (resident, buffers) in want.items():
         ex = Executor(make_plan(m, T, policy(name, 0.5 if name == "memo" else None)), RunOptions(device="cpu"))
         t = ex.estimate.terms

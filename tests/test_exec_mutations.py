@@ -26,7 +26,7 @@ torch.set_num_threads(1)
 MODEL = ModelConfig("mutant", 6, 64, 4, 256, vocab=128)
 SEQ = 256
 POLICIES = {"memo": policy("memo", 0.3), "full_offload": policy("full_offload"),
-            "checkpoint_offload": policy("checkpoint_offload")}
+            "checkpoint_offload": policy("checkpoint_offload"), "offload_attn": policy("offload_attn")}
 WAITS = ("_offload_waits_for_forward", "_output_write_waits_for_offload", "_prefetch_waits_for_backward",
          "_backward_waits_for_prefetch")
 

@@ -135,7 +135,7 @@ def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
     profile.parent.mkdir()
     shutil.copyfile(COMMITTED_CPU_PROFILE, profile)
     before = profile.read_bytes()
-    # one length (--seqs, the batch's override): the dry run's 3 policies, not 2 lengths x 3 (each CPU plan a
+    # one length (--seqs, the batch's override): the dry run's 4 policies, not 2 lengths x 4 (each CPU plan a
     # process of about 9 s: its validate step took 87 s for 6 plans, 2026-11-27)
     r = subprocess.run([sys.executable, str(GPU_DIR / "run_batch.py"), "--dry-run", "--device", "cpu", "--out",
                         str(out), "--site", str(tmp_path / "site"), "--profile", str(profile), "--budget", "600",
@@ -156,11 +156,11 @@ def test_dry_run_writes_the_gpu_files_under_the_image_restriction(tmp_path):
 
     assert load_profile(out / "profile.yaml").name == "cpu-quick-vm"
     val = json.loads((out / "validation.json").read_text())
-    assert val["summary"]["ran"] == val["summary"]["plans"] == 3, [x["status"] for x in val["rows"]]
+    assert val["summary"]["ran"] == val["summary"]["plans"] == 4, [x["status"] for x in val["rows"]]
     assert "--seqs 128 " in val["command"]
     assert val["profile_path"].endswith("cpu-dry-run.yaml")
     summary = (out / "summary.md").read_text()
-    assert "| validate | ok |" in summary and "Validation: 3 of 3 plans ran" in summary
+    assert "| validate | ok |" in summary and "Validation: 4 of 4 plans ran" in summary
     # the digest of the files the batch ran (compared with a checkout's in the digest's own test)
     assert re.fullmatch(r"[0-9a-f]{16}", env_doc["tree_digest"]) and f"tree digest {env_doc['tree_digest']} " in summary
     import tarfile

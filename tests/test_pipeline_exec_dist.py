@@ -250,16 +250,18 @@ def test_pipeline_ranks_hold_one_set_of_activation_buffers():
     micro-batch's action at a time rebuilds, and MEMO's four rounding blocks (two forward, two prefetch), as the
     simulator counts them per stage (`memo_sim.search.pipeline`): every slot's policy carves the same blocks, the
     estimate's buffers term is what the rank allocated once, and the gradients still match one process (1F1B and
-    interleaved; full recompute, recompute_mlp, MEMO, and checkpoint offload: its four input buffers and one
-    recompute buffer)."""
+    interleaved; full recompute, recompute_mlp, MEMO, checkpoint offload: its four input buffers and one
+    recompute buffer, and Megatron's offload_attn: four buffers of the attention's q, k, v and output, each layer's
+    other tensors in its slot's own blocks)."""
     cases = [(12, {"pp": 2}, "1f1b", "full_recompute"), (12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "recompute_mlp"),
-             (12, {"pp": 2}, "1f1b", "memo"), (12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "checkpoint_offload")]
+             (12, {"pp": 2}, "1f1b", "memo"), (12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "checkpoint_offload"),
+             (12, {"pp": 2, "vpp": 2}, "interleaved_1f1b", "offload_attn")]
     results = spawn(rank_cases, 2, cases, timeout=300)
     for i, c in enumerate(cases):
         check(results[0][i], c[0], 0, c)
         for r in results:
             assert r[i]["buffers"] == r[i]["policy_buffers"] == r[i]["shared_bytes"] > 0, (c, r[i])
-            if c[3] not in ("memo", "checkpoint_offload"):
+            if c[3] not in ("memo", "checkpoint_offload", "offload_attn"):
                 assert r[i]["buffer_blocks"] == 1, (c, r[i])
         assert results[0][i]["slots"] >= 2, (c, results[0][i]["slots"])  # rank 0 holds several in flight
     one_layer = results[0][2]["shared_bytes"] // 4  # MEMO: 2 x N_BUFFERS one-layer blocks, whatever the slots

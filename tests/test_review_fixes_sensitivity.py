@@ -16,10 +16,13 @@ from memo_sim.report import sensitivity as sens
 
 # --cp 1: no plan the lines name splits the sequence by ring CP, and the bound search's line, --simulate-top all's,
 # the one with no challenger simulated and the runner-up (13 unsimulated plans possibly faster) are word for word the
-# full search's (2026-12-02), the exhaustive search ~30% shorter
+# full search's (2026-12-02), the exhaustive search ~30% shorter; the policies the search ran then (offload_attn,
+# offered by `any` since 2026-12-03, puts the uly2 store-all plan among those the search simulates, so no challenger
+# is left unsimulated)
 ARGS = ["whatif", "--model", "llama-3.1-8b", "--layers", "12", "--seq", "32K", "--gpus", "8", "--batch", "4",
         "--micro-batch", "1", "--schedule", "single_stage", "--profile", "h100-sxm5-80gb", "--no-plan", "--jobs", "1",
-        "--cp", "1"]
+        "--cp", "1", *(a for p in ("store_all", "full_recompute", "full_offload", "memo", "recompute_mlp",
+                                   "checkpoint_offload") for a in ("--policy", p))]
 
 
 def _line(*extra) -> str:

@@ -1,6 +1,7 @@
 """`memo-sim sweep-seq`'s header counts the policies it runs (a QA review: a METP plan's header read "6 policies x
 3 lengths x 1 layouts" above 15 rows of 5 policies: recompute_mlp, counted, is left out of METP by
-`Policy.layout_why_not`), and one line names each policy left out of a layout and why."""
+`Policy.layout_why_not`), and one line names each policy left out of a layout and why (recompute_mlp and, since
+2026-12-03, offload_attn: Megatron's parts of its own TP layer)."""
 
 from __future__ import annotations
 
@@ -52,10 +53,12 @@ def test_header_counts_the_policies_run_and_names_the_one_left_out(plans, tmp_pa
     policies = {r[2] for r in rows}
     assert int(head.group(1)) == len(policies) and int(head.group(2)) == 2 and int(head.group(3)) == 1, out
     assert len(rows) == int(head.group(1)) * 2, out
-    assert "recompute_mlp" not in policies
-    why = policy_class("recompute_mlp").layout_why_not(_layout(plans["metp"]))
-    assert why and f"  left out: recompute_mlp on tp2+metp: {why}" in out.splitlines(), out
-    assert sum("left out:" in ln for ln in out.splitlines()) == 1, out
+    # Megatron's module recompute and module offload: parts of its own TP layer, left out of METP's
+    for pol in ("recompute_mlp", "offload_attn"):
+        assert pol not in policies
+        why = policy_class(pol).layout_why_not(_layout(plans["metp"]))
+        assert why and f"  left out: {pol} on tp2+metp: {why}" in out.splitlines(), out
+    assert sum("left out:" in ln for ln in out.splitlines()) == 2, out
 
 
 def test_a_layout_that_runs_every_policy_names_none(plans, tmp_path):
@@ -67,15 +70,18 @@ def test_a_layout_that_runs_every_policy_names_none(plans, tmp_path):
 
 
 def test_flavours_that_run_different_policies_count_the_runs(plans, tmp_path):
-    """Over --tp-mode megatron,metp recompute_mlp runs on Megatron's layout only: the header counts the rows."""
+    """Over --tp-mode megatron,metp recompute_mlp and offload_attn run on Megatron's layout only: the header counts
+    the rows."""
     out = _sweep(plans["megatron"], tmp_path / "s", "--seqs", "4K", "--tp-mode", "megatron,metp")
     head = re.search(r"(\d+) runs \((\d+) policies x 1 lengths x 2 layouts, less the ones left out below\)",
                      out.splitlines()[0])
     rows = _rows(out)
     assert head and int(head.group(1)) == len(rows), out
     assert int(head.group(2)) == len({r[2] for r in rows}), out
-    assert [ln for ln in out.splitlines() if "left out:" in ln] == [
-        ln for ln in out.splitlines() if ln.startswith("  left out: recompute_mlp on tp2+metp: ")], out
+    left = [ln for ln in out.splitlines() if "left out:" in ln]
+    assert len(left) == 2 and {ln.split(" on ")[0] for ln in left} == {"  left out: recompute_mlp",
+                                                                          "  left out: offload_attn"}, out
+    assert all(" on tp2+metp: " in ln for ln in left), out
 
 
 def _layout(plan_file):

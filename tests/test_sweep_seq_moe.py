@@ -23,7 +23,7 @@ def test_sweep_seq_of_a_moe_plan_skips_the_policies_that_do_not_price_it(tmp_pat
     doc = json.loads((tmp_path / "s" / "mfu_vs_seq.json").read_text())
     swept = {r["policy"]["policy"] for r in doc}
     assert swept == {"store_all", "full_recompute", "full_offload", "memo", "recompute_moe",  # memo's own search's
-                     "recompute_norm_act", "checkpoint_offload"}, swept
+                     "recompute_norm_act", "checkpoint_offload", "offload_attn"}, swept
     bad = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "b"),
                                    "--seqs", "32K", "--policy", "op_sac"])
     assert bad.exit_code == 2 and "op_sac" in bad.output and not (tmp_path / "b").exists()

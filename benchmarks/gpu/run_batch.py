@@ -66,10 +66,10 @@ ARCHIVE_FILE_LIMIT = 4 * 2**20  # a file larger than this stays out of batch.tar
 ENTRY_MODULES = ("memo_sim.api", "memo_sim.cli", "memo_exec.cli", "memo_exec.validate", "memo_exec.calibrate.command",
                  "memo_exec.runner", "memo_sim.memplan.planner", "mip", "highspy")
 GPU = {"model": ["--model", "gpt-7b", "--layers", "8"], "seqs": "32K,64K,128K",
-       "policies": "store_all,full_recompute,memo", "alphas": "sim", "steps": 3}
+       "policies": "store_all,full_recompute,memo,offload_attn", "alphas": "sim", "steps": 3}
 DRY = {"model": ["--layers", "3", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "128",
-                 "--dtype", "fp32"], "seqs": "128,256", "policies": "store_all,full_recompute,memo", "alphas": "0.5",
-       "steps": 2}
+                 "--dtype", "fp32"], "seqs": "128,256", "policies": "store_all,full_recompute,memo,offload_attn",
+       "alphas": "0.5", "steps": 2}
 GPU_MOE = {"model": ["--model", "qwen2-moe-a2.7b", "--layers", "4"], "seqs": "8K,16K",  # 32K store all: 86 GiB
            "policies": "store_all,full_recompute,memo", "alphas": "sim", "steps": 3}
 DRY_MOE = {"model": ["--model", "qwen2-moe-a2.7b", "--layers", "2", "--hidden", "64", "--heads", "4", "--vocab", "128",

@@ -16,12 +16,15 @@ One module per policy, registered under the simulator's policy name (`registry`)
   before each backward.
 - `checkpoint_offload` (DeepSpeed's ``cpu_checkpointing``): full recompute with each layer's input
   on the host, through two input buffers and the rounding-buffer copy rule.
+- `offload_modules` (Megatron's ``--fine-grained-activation-offloading --offload-modules core_attn attn_proj``,
+  ``offload_attn``): store all's tensors, the attention's q, k, v and output through two rounding buffers to the
+  host and back.
 """
 
 # isort: off
 from memo_exec.activations import store_all, full_recompute, full_offload, memo  # noqa: F401  (registration)
 from memo_exec.activations import selective_recompute, recompute_moe, checkpoint_offload  # noqa: F401
-from memo_exec.activations import recompute_norm_act, recompute_mlp  # noqa: F401
+from memo_exec.activations import recompute_norm_act, recompute_mlp, offload_modules  # noqa: F401
 # isort: on
 from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.registry import make_policy, register, registered, sim_policy_name

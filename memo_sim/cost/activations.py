@@ -111,6 +111,28 @@ RECOMPUTE_GROUPS = {"norms": ("ln1", "ln2"), "moe_act": ("eact",),
                     "mlp": ("ln2", "fc1", "act")}
 
 
+# saved tensors Megatron-LM's fine-grained activation offloading copies to the host, by --offload-modules module
+# (`memo_sim.policy.offload_modules`): each module's offload group holds what autograd saves inside the module
+# (megatron/core/pipeline_parallel/fine_grained_activation_offload.py at d98e8a64: ``group_start`` hooks
+# saved_tensors_hooks; attention.py, moe/experts.py mark the groups): core_attn the attention kernel's inputs (q, k,
+# v: the QK norms' outputs where the layer keeps them, `offload_module_tensors`; forced_released_tensors frees them),
+# attn_proj the output projection's input (the kernel's output, which the kernel saves too, freed only by this group's
+# forced release, and its quantised copy under FP8), expert_fc1 the experts' first GEMM's input (the dispatched
+# tokens, and Llama 4's weighted copies). Disjoint, so a set of modules sums its groups' bytes
+OFFLOAD_GROUPS = {"core_attn": ("q", "k", "v"), "attn_proj": ("attn", "attn_fp8"),
+                  "expert_fc1": ("moe_in", "moe_in_w")}
+
+
+def offload_module_tensors(model: ModelConfig, module: str) -> tuple[str, ...]:
+    """The saved tensors of one layer that Megatron-LM's ``--offload-modules`` ``module`` offloads (`OFFLOAD_GROUPS`;
+    the attention kernel's q and k are the QK norms' outputs where the layer keeps those, the norms keeping their
+    inputs outside the group)."""
+    names = OFFLOAD_GROUPS[module]
+    if module == "core_attn" and model.qk_norm and model.qk_norm_kept:
+        return ("q_normed", "k_normed", "v")
+    return names
+
+
 # torchtitan's per-op selective activation checkpointing (`memo_sim.policy.op_sac`): of a dense block's linear GEMMs
 # in torchtitan's order (wq, wk, wv, wo, then w1, w3, w2 for a gated FFN, w1, w2 otherwise) every odd one's output is
 # saved and every even one's recomputed; the attention kernel's outputs are saved; the norms, residual adds and the
@@ -165,12 +187,16 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
                     groups[g] += b
     out["total"] = out["input"] + out["attn"] + out["other"]
     out.update(groups)
+    # the bytes of each fine-grained offload group (`OFFLOAD_GROUPS`), keyed ``offload_<module>``
+    tens = layer_tensors(model, layout.tp_mode)
+    for m in OFFLOAD_GROUPS:
+        out[f"offload_{m}"] = sum(saved_bytes(tens[n], model, layout, batch, seq)
+                                  for n in offload_module_tensors(model, m) if n in tens and tens[n].saved)
     out["scores"] = materialised_score_bytes(model, layout, batch, seq)
     # what re-running the attention core drops (selective recompute; the checkpoint keeps its inputs q, k, v): the
     # kernel's own output where the output projection keeps a quantised copy of it too
     # (`memo_sim.model.layer_graph.fp8_attention_copy`), and what a keeping Ulysses' kernel holds beyond the
     # sequence-sharded tensors (`ulysses_kept_scale`: K/V's repeats, its head-sharded output)
-    tens = layer_tensors(model, layout.tp_mode)
     kernel_extra = sum(saved_bytes(t, model, layout, batch, seq) - tensor_bytes(t, layout, batch, seq)
                        for t in tens.values() if t.saved)
     out["attn_kernel_out"] = kernel_extra + (tensor_bytes(tens["attn"], layout, batch, seq) if "attn_fp8" in tens

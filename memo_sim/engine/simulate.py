@@ -62,7 +62,7 @@ def simulate(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: P
     model, layout, batch, seq, policy, profile, micro_batch = entry_arguments("simulate", model, layout, batch, seq,
                                                                               policy, profile, micro_batch)
     mb = batch if micro_batch is None else micro_batch
-    name = schedule or default_schedule(layout.pp, policy.name)
+    name = schedule or default_schedule(layout.pp, policy.name, layout.vpp)
     why = check_schedule(name, pp=layout.pp, vpp=layout.vpp, layers=model.layers, batch=batch, micro_batch=mb,
                          uneven=layout.uneven,
                          policy_name=policy.name)

@@ -197,7 +197,7 @@ def nearest_plan(plan: Plan, gaps: list[Gap]) -> tuple[Layout, Policy, str]:
         if c.policy is not None:
             policy = get_policy(c.policy, None)
             if schedule == "sppo":
-                schedule = default_schedule(layout.pp, c.policy)
+                schedule = default_schedule(layout.pp, c.policy, layout.vpp)
         if c.schedule is not None:
             schedule = c.schedule
     return layout, policy, schedule

@@ -42,8 +42,12 @@ _RECOMPUTE = {"store_all": [],
               # named modules (`memo_sim.policy.recompute_modules`: each policy's megatron_modules)
               **{name: [("--recompute-granularity", "selective"),
                         ("--recompute-modules", policy_class(name).megatron_modules)]
-                 for name in ("recompute_norm_act", "recompute_moe", "recompute_mlp")}}
-_RUNS = {name: " ".join(f"{o} {v if isinstance(v, str) else ' '.join(v)}" for o, v in args) or
+                 for name in ("recompute_norm_act", "recompute_moe", "recompute_mlp")},
+              # chosen modules' saved tensors on the host (`memo_sim.policy.offload_modules`: each policy's modules)
+              **{name: [("--fine-grained-activation-offloading", None),
+                        ("--offload-modules", policy_class(name).megatron_modules)]
+                 for name in ("offload_attn", "offload_attn_experts")}}
+_RUNS = {name: " ".join(o if v is None else f"{o} {v if isinstance(v, str) else ' '.join(v)}" for o, v in args) or
          "no recompute (every activation kept)" for name, args in _RECOMPUTE.items()}
 
 
@@ -53,12 +57,14 @@ _RUNS = {name: " ".join(f"{o} {v if isinstance(v, str) else ' '.join(v)}" for o,
 # TransformerConfig fields with no CLI argument), so there is no --cpu-offloading (a review found the note naming it).
 # TransformerConfig refuses it beside pipeline stages or activation recompute. d98e8a64 also offloads chosen modules'
 # inputs (--fine-grained-activation-offloading --offload-modules ... --activation-offload-fraction: TransformerConfig
-# fine_grained_activation_offloading, transformer_config.py:1323-1361), which memo does not price (a review: the note
-# named the layer-level offload alone)
+# fine_grained_activation_offloading, transformer_config.py:1323-1361), which memo prices for two module sets (the
+# policies offload_attn and offload_attn_experts, written as such above; a review: the note named the layer-level
+# offload alone)
 _OFFLOAD_NOTE = ("Megatron's activation offload moves whole layers' activations (--cpu-offloading-num-layers N, "
-                 "without pipeline stages or recompute only) or chosen modules' inputs (--fine-grained-activation-"
-                 "offloading --offload-modules ... --activation-offload-fraction F), not a fraction of each layer's "
-                 "token rows; memo prices neither, so neither is written")
+                 "without pipeline stages or recompute only) or chosen modules' saved tensors (--fine-grained-"
+                 "activation-offloading --offload-modules ...: memo's offload_attn and offload_attn_experts policies), "
+                 "not a fraction of each layer's token rows; memo does not price the layer-level one, so it is not "
+                 "written")
 
 
 def gaps(plan: Plan) -> list[Gap]:

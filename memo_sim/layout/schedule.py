@@ -28,11 +28,14 @@ SCHEDULE_NAMES = ("single_stage", "1f1b", "interleaved_1f1b", "sppo")
 PIPELINE_SCHEDULES = ("1f1b", "interleaved_1f1b")  # the micro-batch pipelines (any activation policy)
 
 
-def default_schedule(pp: int, policy_name: str) -> str:
-    """The schedule a plan without a ``schedule`` field runs (plans of earlier releases)."""
+def default_schedule(pp: int, policy_name: str, vpp: int = 1) -> str:
+    """The schedule a plan without a ``schedule`` field runs (plans of earlier releases): virtual stages (``vpp`` > 1)
+    are the interleaved schedule's (a review: a plan with vpp 2 and its schedule deleted was refused as "1f1b")."""
     if policy_name == "sppo":
         return "sppo"
-    return "single_stage" if pp == 1 else "1f1b"
+    if pp == 1:
+        return "single_stage"
+    return "interleaved_1f1b" if vpp > 1 else "1f1b"
 
 
 def schedule_runs_policy(schedule: str, policy_name: str) -> bool:

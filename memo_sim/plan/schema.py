@@ -77,7 +77,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         if not self.schedule:
-            self.schedule = default_schedule(self.layout.pp, self.policy.name)
+            self.schedule = default_schedule(self.layout.pp, self.policy.name, self.layout.vpp)
         if not self.micro_batch:
             self.micro_batch = self.batch
 

@@ -9,6 +9,7 @@ from memo_sim.policy import selective_recompute  # noqa: F401  (Megatron-LM's at
 from memo_sim.policy import recompute_modules  # noqa: F401  (Megatron-LM's --recompute-modules for MoE layers)
 from memo_sim.policy import op_sac  # noqa: F401  (torchtitan's per-op selective activation checkpointing)
 from memo_sim.policy import checkpoint_offload  # noqa: F401  (DeepSpeed's cpu_checkpointing)
+from memo_sim.policy import offload_modules  # noqa: F401  (Megatron-LM's fine-grained activation offloading)
 from memo_sim.policy import sppo  # noqa: F401  (SPPO: subsequence pipeline offloading, registered last)
 # isort: on
 from memo_sim.policy.base import Policy

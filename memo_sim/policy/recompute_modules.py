@@ -36,7 +36,7 @@ from memo_sim.cost.layer_time import forward_costs
 from memo_sim.cost.opcost import base_op_name
 from memo_sim.model.layer_graph import separate_norms
 from memo_sim.policy.registry import register
-from memo_sim.policy.store_all import StoreAll
+from memo_sim.policy.store_all import StoreAll, megatron_layer_why_not
 
 _MOE_BLOCK_OPS = ("router", "route", "permute", "weight_input", "expert_fc1", "expert_act", "expert_fc2", "unpermute",
                   "shared_fc1", "shared_act", "shared_fc2")
@@ -56,10 +56,7 @@ class RecomputeModules(StoreAll):
         # the modules are Megatron TP's layer parts (its LayerNormColumnParallelLinear, its MoE layer): METP's layer
         # has none of them, and memo-exec re-runs them in the Megatron layer only (a review found the what-if
         # answering with recompute_mlp on metp_ffn, which memo-exec refused)
-        if layout.tp > 1 and layout.tp_mode != "megatron":
-            return (f"Megatron-LM's --recompute-modules re-run parts of its own tensor-parallel layer, which tp_mode "
-                    f"{layout.tp_mode} does not have: plan with tp_mode megatron")
-        return None
+        return megatron_layer_why_not(layout, "--recompute-modules re-run parts")
 
     def dropped(self, sk) -> float:
         return sum(sk.get(g, 0.0) for g in self.groups)
@@ -78,22 +75,14 @@ class RecomputeModules(StoreAll):
         return [replace(c, phase="recompute") for c in forward_costs(model, layout, batch, seq, profile)
                 if base_op_name(c.name) in ops or c.name.startswith(self.comm_prefixes or ("\0",))]
 
-    def resident_bytes(self, sk, n_layers):
-        return n_layers * (sk["total"] - self.dropped(sk) + self.kept_scores(sk))
-
-    def forward_kept(self, sk):
-        out = [("skeletal", sk["total"] - self.dropped(sk) + sk["lse"])]
-        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else []) + self.kept_weights(sk)
+    def not_kept(self, sk) -> float:
+        return self.dropped(sk)
 
     def recompute_allocated(self, sk):
         return [("recomputed", self.dropped(sk))]
 
     def buffer_bytes(self, sk):
         return self.dropped(sk)  # one layer's rebuilt tensors at a time
-
-    def layer_blocks(self, sk):
-        out = [("skeletal", sk["total"] - self.dropped(sk))]
-        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])
 
     def shared_blocks(self, sk, steps, n_layers):
         return [("recompute_buffer", self.dropped(sk), steps.bwd(n_layers - 1), steps.end_of_backward)]

@@ -15,13 +15,20 @@ from dataclasses import replace
 
 from memo_sim.cost.layer_time import forward_costs
 from memo_sim.policy.registry import register
-from memo_sim.policy.store_all import StoreAll
+from memo_sim.policy.store_all import StoreAll, megatron_layer_why_not
 
 
 @register
 class SelectiveRecompute(StoreAll):
     name = "selective_recompute"
     summary = "keep every layer's skeletal activations; re-run each layer's attention core before its backward"
+
+    @staticmethod
+    def layout_why_not(layout) -> str | None:
+        # Megatron-LM's attention core, re-run from the kept q, k, v; METP's layer keeps its attention's inputs as
+        # blocks on the ring (metp) and memo-exec's METP layer has no core to re-run alone (a review: a hand-made
+        # METP plan was refused only after its ranks had started)
+        return megatron_layer_why_not(layout, "selective recompute re-runs the attention core")
 
     def kept_scores(self, sk) -> float:
         return 0.0

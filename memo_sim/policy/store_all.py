@@ -7,6 +7,15 @@ from memo_sim.policy.base import Policy
 from memo_sim.policy.registry import register
 
 
+def megatron_layer_why_not(layout, what: str) -> str | None:
+    """Why a policy that acts on parts of Megatron-LM's tensor-parallel layer (``what`` does so) cannot run on
+    ``layout`` (METP's layer has none of them, and memo-exec runs them in the Megatron layer only), or None."""
+    if layout.tp > 1 and layout.tp_mode != "megatron":
+        return f"{what} of Megatron-LM's tensor-parallel layer, which tp_mode {layout.tp_mode} does not have: " \
+               f"plan with tp_mode megatron"
+    return None
+
+
 @register
 class StoreAll(Policy):
     name = "store_all"
@@ -16,13 +25,19 @@ class StoreAll(Policy):
         """Score-sized bytes a layer keeps for its backward (materialised attention only)."""
         return sk.get("scores", 0.0)
 
+    def not_kept(self, sk) -> float:
+        """Skeletal bytes a layer does not keep on the GPU from its forward to its backward: none here; what a
+        subclass rebuilds (Megatron's --recompute-modules, `memo_sim.policy.recompute_modules`) or sends to the host
+        (its --offload-modules, `memo_sim.policy.offload_modules`)."""
+        return 0.0
+
     def resident_bytes(self, sk, n_layers):
-        return n_layers * (sk["total"] + self.kept_scores(sk))
+        return n_layers * (sk["total"] - self.not_kept(sk) + self.kept_scores(sk))
 
     def forward_kept(self, sk):
-        out = [("skeletal", sk["total"] + sk["lse"])]
+        out = [("skeletal", sk["total"] - self.not_kept(sk) + sk["lse"])]
         return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else []) + self.kept_weights(sk)
 
     def layer_blocks(self, sk):
-        out = [("skeletal", sk["total"])]
+        out = [("skeletal", sk["total"] - self.not_kept(sk))]
         return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else [])

@@ -49,7 +49,12 @@ def layout_problem(plan: Plan, profile) -> str | None:
     # was refused by every command that read it, as if its node held 16)
     why = check_layout(plan.layout, plan.model, plan.gpus, max(profile.node_gpus, plan.gpus), plan.seq_tokens,
                        plan.micro_batch or plan.batch, node_gpus=profile.node_gpus)
-    return f"layout: {seq_fix_names(why, 'seq_tokens')}" if why else None
+    if why:
+        return f"layout: {seq_fix_names(why, 'seq_tokens')}"
+    # the policy against the model and layout, as the what-if leaves a pair out (a review: a hand-made plan of
+    # selective recompute on METP was refused by memo-exec only after its ranks had started)
+    why = plan.policy.model_why_not(plan.model) or plan.policy.layout_why_not(plan.layout)
+    return f"policy: {why}" if why else None
 
 
 def refuse_layout_problem(plan_file, plan: Plan, profile) -> None:

@@ -1,0 +1,123 @@
+"""Megatron-LM's fine-grained activation offloading (`memo_sim.policy.offload_modules`): the module sets
+``core_attn attn_proj`` (offload_attn) and ``core_attn attn_proj expert_fc1`` (offload_attn_experts) keep store all's
+tensors but those the modules' offload groups save, which go to host through two buffers; the policies are offered by
+the latest megatron framework data (offload_attn by memo's own, `any`, too), written by `memo-sim export --to megatron`;
+memo-exec runs offload_attn (tests/test_exec_grads.py, test_exec_mutations.py, test_exec_every_plan_kind.py,
+test_pipeline_exec_dist.py) and refuses offload_attn_experts in one line."""
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim.api import Layout, get_model, get_policy, load_profile, memory_breakdown, simulate
+from memo_sim.cli import cli
+from memo_sim.cost.activations import layer_tensor_bytes, skeletal_bytes
+from memo_sim.policy.rounding_buffers import N_BUFFERS
+
+K = 1024
+
+
+def test_offload_attn_offloads_the_attention_kernels_inputs_and_output_by_hand():
+    """gpt-7b (h 4096, no QK norm) at 8K tokens, one GPU: q, k, v and the attention output, 8192 x 4096 bf16 each."""
+    m, lay = get_model("gpt-7b"), Layout()
+    sk = skeletal_bytes(m, lay, 1, 8 * K)
+    one = 8 * K * 4096 * 2
+    assert sk["offload_core_attn"] == 3 * one and sk["offload_attn_proj"] == one
+    p = get_policy("offload_attn")
+    assert p.offloaded(sk) == 4 * one
+    assert p.offload_bytes(m, lay, 1, 8 * K) == 4 * one  # the copies move the groups' bytes
+    assert p.resident_bytes(sk, 32) == 32 * (sk["total"] - 4 * one)
+    assert p.buffer_bytes(sk) == N_BUFFERS * 4 * one
+    assert p.forward_kept(sk)[0] == ("skeletal", sk["total"] - 4 * one + sk["lse"])  # the lse stays on the GPU
+
+
+def test_core_attn_group_holds_the_qk_norms_outputs_where_the_layer_keeps_them():
+    m = replace(get_model("qwen3-30b-a3b"), qk_norm_kept=True)  # as the megatron framework data keeps them
+    assert m.qk_norm
+    lay = Layout(tp=2, sp=True, ep=2)
+    t = layer_tensor_bytes(m, lay, 1, 4 * K)
+    sk = skeletal_bytes(m, lay, 1, 4 * K)
+    assert sk["offload_core_attn"] == pytest.approx(t["q_normed"] + t["k_normed"] + t["v"])
+    assert sk["offload_expert_fc1"] == pytest.approx(t["moe_in"])  # the dispatched tokens, the busiest rank's load
+
+
+def test_offload_attn_experts_adds_the_dispatched_tokens_and_needs_experts():
+    m, lay = get_model("qwen3-30b-a3b"), Layout(ep=2)
+    sk = skeletal_bytes(m, lay, 1, 4 * K)
+    a, e = get_policy("offload_attn"), get_policy("offload_attn_experts")
+    assert e.offloaded(sk) == pytest.approx(a.offloaded(sk) + sk["offload_expert_fc1"]) and sk["offload_expert_fc1"] > 0
+    assert e.offload_bytes(m, lay, 1, 4 * K) == pytest.approx(e.offloaded(sk))
+    assert e.needs_experts and not a.needs_experts
+    # each set is its own row of the what-if, and neither folds into full offload
+    behaviours = {get_policy(n).behaviour(8) for n in ("offload_attn", "offload_attn_experts", "full_offload",
+                                                        "store_all")}
+    assert len(behaviours) == 4
+
+
+def test_peak_falls_by_the_offloaded_bytes_of_all_but_two_layers_and_the_copies_are_simulated():
+    m, lay, prof = get_model("gpt-7b"), Layout(tp=8, sp=True), load_profile("h100-sxm5-80gb")
+    seq = 64 * K
+    sk = skeletal_bytes(m, lay, 1, seq)
+    off = get_policy("offload_attn").offloaded(sk)
+    keep = memory_breakdown(m, lay, 1, seq, get_policy("store_all"), prof)
+    fg = memory_breakdown(m, lay, 1, seq, get_policy("offload_attn"), prof)
+    saved = (keep.skeletal_resident_bytes + keep.rounding_buffer_bytes) - (fg.skeletal_resident_bytes
+                                                                            + fg.rounding_buffer_bytes)
+    assert saved == pytest.approx((m.layers - N_BUFFERS) * off)
+    assert fg.host_bytes_per_gpu >= (m.layers - 2) * off  # every offloaded layer's groups on the host
+    r_keep = simulate(m, lay, 1, seq, get_policy("store_all"), prof, keep_timeline=False)
+    r_fg = simulate(m, lay, 1, seq, get_policy("offload_attn"), prof, keep_timeline=False)
+    assert r_fg.status == r_keep.status == "OK"
+    assert r_fg.peak_gpu_bytes < r_keep.peak_gpu_bytes
+    assert r_fg.layer_timings["offload"] > 0 and r_fg.layer_timings["prefetch"] > 0
+    assert r_fg.iteration_s >= r_keep.iteration_s * (1 - 1e-9)  # the same compute, the copies beside it
+
+
+def test_refused_in_one_line_where_megatron_has_no_such_module():
+    p = get_policy("offload_attn")
+    assert "tp_mode megatron" in p.layout_why_not(Layout(tp=2, tp_mode="metp"))
+    assert "fused attention kernel" in p.layout_why_not(Layout(attention="materialised"))
+    assert p.layout_why_not(Layout(tp=2, sp=True)) is None
+    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "4K", "--no-plan",
+                                 "--framework", "megatron", "--policy", "offload_attn_experts"])
+    assert r.exit_code == 2 and "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "4K", "--no-plan",
+                                 "--policy", "offload_attn_experts"])  # memo's own stack (any) does not run it
+    assert r.exit_code == 2 and "any does not offer it" in r.output, r.output
+
+
+def test_megatron_offers_it_and_exports_it_and_memo_exec_refuses_it(tmp_path):
+    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "64K", "--framework",
+                                 "megatron", "--tp", "2", "--cp", "4", "--pp", "1", "--zero", "1", "--json",
+                                 "--no-plan"])
+    assert r.exit_code == 0, r.output
+    pols = {c["policy"] for c in json.loads(r.stdout)["candidates"]}
+    assert "offload_attn" in pols and "offload_attn_experts" not in pols  # a dense model
+    out = tmp_path / "p"
+    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "64K", "--framework",
+                                 "megatron", "--tp", "2", "--cp", "4", "--pp", "1", "--zero", "1", "--policy",
+                                 "offload_attn", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["export", str(out / "plan.json"), "--to", "megatron", "--no-price", "--out",
+                                 str(tmp_path / "ex")])
+    assert r.exit_code == 0, r.output
+    script = (tmp_path / "ex" / "megatron.sh").read_text()
+    assert "--fine-grained-activation-offloading" in script and "--offload-modules core_attn attn_proj" in script
+    assert "--recompute-granularity" not in script
+    # the MoE set: Megatron writes it, memo-exec refuses it in one line (its MoE block keeps the dispatched tokens)
+    moe = tmp_path / "moe"
+    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "16K", "--framework",
+                                 "megatron", "--tp", "2", "--ep", "4", "--pp", "1", "--policy", "offload_attn_experts",
+                                 "--out", str(moe)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["export", str(moe / "plan.json"), "--to", "megatron", "--no-price", "--out",
+                                 str(tmp_path / "ex2")])
+    assert r.exit_code == 0, r.output
+    assert "--offload-modules core_attn attn_proj expert_fc1" in (tmp_path / "ex2" / "megatron.sh").read_text()
+    from memo_exec.cli import cli as exec_cli  # noqa: PLC0415
+
+    r = CliRunner().invoke(exec_cli, ["run", str(moe / "plan.json"), "--nproc", "8"])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "offload_attn_experts" in lines[0], r.output
