@@ -769,6 +769,12 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append("The plan keeps the QK norms' outputs beside the projections, as its framework's autograd does "
                  "(`model.qk_norm_kept`); this executor keeps the projections alone and normalises them again where "
                  "the attention kernel runs, so its skeletal term is smaller by the normalised queries and keys.")
+    if p.model.offload_copies_per_group and getattr(p.policy, "offload_modules", ()):  # Megatron's copies per group
+        L.append("")
+        L.append("The plan prices its framework's fine-grained offload, which copies the attention output to the host "
+                 "and back once for each offload group that saves it (`model.offload_copies_per_group`); this "
+                 "executor moves it once, so its copies (and its pinned host memory) are smaller by one attention "
+                 "output a layer.")
     if p.model.mixes_dense_layers:  # the README's named approximation of a mixed model, in the report it moves
         L.append("")
         n_dense = p.model.dense_layers

@@ -106,6 +106,8 @@ def test_megatron_offers_it_and_exports_it_and_memo_exec_refuses_it(tmp_path):
     script = (tmp_path / "ex" / "megatron.sh").read_text()
     assert "--fine-grained-activation-offloading" in script and "--offload-modules core_attn attn_proj" in script
     assert "--recompute-granularity" not in script
+    # Megatron's validate_args asserts it beside the offload on TransformerEngine >= 2.10 (a review)
+    assert "export NVTE_CPU_OFFLOAD_V1=1" in script.splitlines()
     # the MoE set: Megatron writes it, memo-exec refuses it in one line (its MoE block keeps the dispatched tokens)
     moe = tmp_path / "moe"
     r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "16K", "--framework",
@@ -121,3 +123,75 @@ def test_megatron_offers_it_and_exports_it_and_memo_exec_refuses_it(tmp_path):
     r = CliRunner().invoke(exec_cli, ["run", str(moe / "plan.json"), "--nproc", "8"])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "offload_attn_experts" in lines[0], r.output
+
+
+def test_the_documented_moe_pair_offloads_and_rebuilds_disjoint_tensors(tmp_path):
+    """``--recompute-modules layernorm moe_act`` beside ``--offload-modules core_attn attn_proj expert_fc1``: the
+    norms' and the experts' activation outputs rebuilt, the attention's and the dispatched tokens offloaded; memory
+    store all's less both, time recompute_norm_act's re-run with the copies beside it; the export writes both."""
+    m, lay, prof = get_model("qwen3-30b-a3b"), Layout(ep=2), load_profile("h100-sxm5-80gb")
+    sk = skeletal_bytes(m, lay, 1, 4 * K)
+    both, off, rec = (get_policy(n) for n in ("offload_attn_experts_recompute", "offload_attn_experts",
+                                               "recompute_norm_act"))
+    assert both.offloaded(sk) == off.offloaded(sk) and both.dropped(sk) == rec.dropped(sk) and rec.dropped(sk) > 0
+    assert both.resident_bytes(sk, 48) == pytest.approx(48 * (sk["total"] - off.offloaded(sk) - rec.dropped(sk)))
+    assert both.buffer_bytes(sk) == pytest.approx(off.buffer_bytes(sk) + rec.buffer_bytes(sk))
+    assert [c.name for c in both.recompute_costs(m, lay, 1, 4 * K, prof)] == [
+        c.name for c in rec.recompute_costs(m, lay, 1, 4 * K, prof)]
+    assert both.offload_bytes(m, lay, 1, 4 * K) == pytest.approx(off.offload_bytes(m, lay, 1, 4 * K))
+    assert len({p.behaviour(8) for p in (both, off, rec)}) == 3
+    out = tmp_path / "p"
+    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "16K", "--framework",
+                                 "megatron", "--tp", "2", "--ep", "4", "--pp", "1", "--policy",
+                                 "offload_attn_experts_recompute", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["export", str(out / "plan.json"), "--to", "megatron", "--no-price", "--out",
+                                 str(tmp_path / "ex")])
+    assert r.exit_code == 0, r.output
+    script = (tmp_path / "ex" / "megatron.sh").read_text()
+    assert "--recompute-modules layernorm moe_act" in script and "--recompute-granularity selective" in script
+    assert "--offload-modules core_attn attn_proj expert_fc1" in script
+
+
+def test_megatron_copies_the_attention_output_once_per_group_that_saves_it():
+    """Megatron's offload dedups within one group only: the attention output, saved by the kernel (core_attn) and by
+    the output projection (attn_proj), goes out and comes back twice while its GPU bytes are freed once (a review);
+    memo's executor (`any`) moves it once; under a keeping Ulysses the kernel's head-sharded output is a tensor of its
+    own, already counted."""
+    from memo_sim.search.frameworks import get_framework
+
+    base, lay = get_model("llama-3.1-8b"), Layout(tp=8, sp=True)
+    meg, own = get_framework("megatron").for_model(base), get_framework("any").for_model(base)
+    assert meg.offload_copies_per_group and not own.offload_copies_per_group
+    p, seq = get_policy("offload_attn"), 96 * K
+    attn = layer_tensor_bytes(meg, lay, 1, seq)["attn"]
+    sk_m, sk_o = skeletal_bytes(meg, lay, 1, seq), skeletal_bytes(own, lay, 1, seq)
+    assert p.offloaded(sk_m) == p.offloaded(sk_o)  # the GPU frees the same tensors
+    assert p.copied(sk_m) == pytest.approx(p.offloaded(sk_m) + attn) and p.copied(sk_o) == p.offloaded(sk_o)
+    assert p.offload_bytes(meg, lay, 1, seq) == pytest.approx(p.copied(sk_m))  # 336 MiB a layer, not 240
+    assert p.offload_bytes(meg, lay, 1, seq) == pytest.approx(336 * 2**20)
+    assert p.buffer_bytes(sk_m) == pytest.approx(N_BUFFERS * p.copied(sk_m))
+    uly = Layout(ulysses=8, ulysses_kv="whole")
+    assert skeletal_bytes(meg, uly, 1, seq)["offload_shared_copy"] == 0  # two tensors there, both counted
+
+
+def test_llama4_offloads_the_weighted_copy_alone():
+    """Llama 4 weights the dispatched tokens before expert_fc1's group opens: the group holds the weighted copy, the
+    unweighted tokens stay on the GPU (a review)."""
+    m, lay = get_model("llama-4-scout"), Layout(ep=2)
+    assert m.moe_router.weights_input
+    t = layer_tensor_bytes(m, lay, 1, 4 * K)
+    sk = skeletal_bytes(m, lay, 1, 4 * K)
+    assert sk["offload_expert_fc1"] == pytest.approx(t["moe_in_w"]) and t["moe_in"] > 0
+
+
+def test_the_moe_pairs_pipeline_rank_holds_its_recompute_buffer():
+    """A pipeline rank under offload_attn_experts_recompute holds its offload buffers and its recompute buffer (a
+    review found the analytic stage peak without the latter, below the event simulator's)."""
+    m, lay = get_model("qwen3-30b-a3b"), Layout(ep=2)
+    sk = skeletal_bytes(m, lay, 1, 4 * K)
+    p = get_policy("offload_attn_experts_recompute")
+    blocks = dict(p.pipeline_rank_blocks(sk))
+    assert blocks["recompute_buffer"] == pytest.approx(p.dropped(sk)) and p.dropped(sk) > 0
+    assert sum(blocks.values()) == pytest.approx(2 * N_BUFFERS * p.copied(sk) + p.dropped(sk))
+    assert p.static_gpu(sk) == [("offload_buffers", N_BUFFERS * p.copied(sk))]  # a unit's slot: the copies alone

@@ -24,7 +24,8 @@ def _one_line(r, code: int) -> str:
 # ---------------------------------------------------------------------------------------------------- 1. memplan
 @pytest.mark.parametrize("args, needle", [
     (["--model", "gpt-7b", "--policy", "recompute_moe"],
-     "error: --policy recompute_moe rebuilds MoE tensors: model gpt-7b has no experts; choose another --policy"),
+     "error: --policy recompute_moe acts on a mixture of experts' tensors: model gpt-7b has no experts; fix: choose "
+     "another --policy"),
     (["--model", "mixtral-8x7b", "--layers", "2", "--policy", "recompute_mlp"],
      "error: --policy recompute_mlp: recompute_mlp is priced for dense models"),
     (["--model", "gpt-7b", "--layers", "2", "--tp", "8", "--tp-mode", "metp", "--policy", "recompute_mlp"],

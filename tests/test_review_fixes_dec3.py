@@ -31,7 +31,7 @@ def _one_line(r):
 def test_selective_recompute_on_metp_is_refused_before_the_ranks_start(tmp_path):
     f = _metp_plan(tmp_path, "selective_recompute")
     line = _one_line(CliRunner().invoke(exec_cli, ["run", str(f), "--device", "cpu", "--nproc", "2"]))
-    assert "policy: selective recompute" in line and "tp_mode megatron" in line and "launcher.log" not in line
+    assert "policy: Megatron-LM's selective recompute" in line and "tp_mode megatron" in line and "launcher.log" not in line
     line = _one_line(CliRunner().invoke(cli, ["check-plan", str(f)]))
     assert "tp_mode metp_ffn does not have" in line
     line = _one_line(CliRunner().invoke(cli, ["simulate", str(f), "--out", str(tmp_path / "sim")]))
@@ -62,3 +62,47 @@ def test_a_plan_without_its_schedule_runs_the_schedule_its_virtual_stages_name(t
     r = CliRunner().invoke(cli, ["check-plan", str(f)])
     assert r.exit_code == 0, r.output
     assert default_schedule(2, "memo") == "1f1b" and default_schedule(1, "memo", 1) == "single_stage"
+
+
+def test_a_dense_plan_with_a_policy_for_experts_is_refused_by_every_command(tmp_path):
+    """A plan edited to a policy that rebuilds or moves a mixture of experts' tensors on a dense model: one line,
+    exit 2, from check-plan, simulate, export and memo-exec (a review: all but the what-if accepted it)."""
+    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--layers", "4", "--gpus", "1", "--seq", "4K",
+                                 "--policy", "store_all", "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    d = json.loads((tmp_path / "p" / "plan.json").read_text())
+    for pol in ("offload_attn_experts", "recompute_moe"):
+        d["policy"]["policy"] = pol
+        f = tmp_path / f"{pol}.json"
+        f.write_text(json.dumps(d))
+        for args in (["check-plan", str(f)], ["simulate", str(f), "--out", str(tmp_path / f"s-{pol}")],
+                     ["export", str(f), "--to", "megatron", "--no-price", "--out", str(tmp_path / f"e-{pol}")]):
+            line = _one_line(CliRunner().invoke(cli, args))
+            assert f"{pol} acts on a mixture of experts' tensors: model gpt-7b" in line, (args, line)
+        line = _one_line(CliRunner().invoke(exec_cli, ["run", str(f), "--device", "cpu"]))
+        assert "has no experts" in line
+
+
+def test_megatrons_output_projection_keeps_the_original_attention_output_under_fp8():
+    """Megatron-LM at d98e8a64 has the output projection save its original input for every FP8 recipe but delayed
+    (set_save_original_input, attention.py): no quantised copy of the attention output is kept, and the weight
+    gradient casts it again; torchao's Float8Linear (torchtitan@2024-12) keeps its copy (a review found the copy
+    counted for Megatron)."""
+    from dataclasses import replace
+
+    from memo_sim.api import Layout, get_model, load_profile
+    from memo_sim.cost.activations import layer_tensor_bytes
+    from memo_sim.cost.layer_time import backward_costs
+    from memo_sim.search.frameworks import get_framework
+
+    m = replace(get_model("llama-3.1-8b"), gemm_format="fp8-tensorwise")
+    meg, tt = (get_framework(f).for_model(m) for f in ("megatron", "torchtitan@2024-12"))
+    lay = Layout(tp=8, sp=True)
+    assert "attn_fp8" not in layer_tensor_bytes(meg, lay, 1, 8192)
+    assert layer_tensor_bytes(tt, lay, 1, 8192)["attn_fp8"] > 0
+    prof = load_profile("h100-sxm5-80gb")
+
+    def proj(model):
+        return next(c.seconds for c in backward_costs(model, lay, 1, 8192, prof) if c.name == "out_proj")
+
+    assert proj(meg) > proj(replace(meg, fp8_attention_copy=True))  # the cast again for the weight gradient

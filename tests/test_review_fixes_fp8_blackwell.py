@@ -96,7 +96,12 @@ def test_transformer_engine_keeps_the_attention_output_twice_but_under_selective
     from memo_sim.cost.activations import skeletal_bytes
     from memo_sim.policy import get_policy
 
-    te = _framework_model("megatron", "fp8-tensorwise")
+    from dataclasses import replace
+
+    meg = _framework_model("megatron", "fp8-tensorwise")
+    # TransformerEngine's Linear as it keeps its input; Megatron-LM at d98e8a64 has its output projection keep the
+    # original instead (set_save_original_input: `ModelConfig.fp8_attention_copy`, 2026-12-03), below
+    te = replace(meg, fp8_attention_copy=True)
     lay, seq = Layout(cp=8), 128 * 1024
     sk = skeletal_bytes(te, lay, 1, seq)
     per_token = seq / 8 * te.hidden
@@ -106,5 +111,9 @@ def test_transformer_engine_keeps_the_attention_output_twice_but_under_selective
     assert sk["attn_kernel_out"] == pytest.approx(2 * per_token)
     store, sel = get_policy("store_all"), get_policy("selective_recompute")
     assert store.resident_bytes(sk, 32) - sel.resident_bytes(sk, 32) == pytest.approx(32 * 2 * per_token)
+    # Megatron's: no copy (28.5h), and the checkpointed core's output is the projection's saved input, kept
+    own = skeletal_bytes(meg, lay, 1, seq)
+    assert own["total"] / per_token == pytest.approx(28.5) and own["attn_kernel_out"] == 0.0
+    assert sel.resident_bytes(own, 32) == store.resident_bytes(own, 32)
     bf16 = skeletal_bytes(_framework_model("megatron", "bf16"), lay, 1, seq)
     assert bf16["attn_kernel_out"] == 0.0 and sel.resident_bytes(bf16, 32) == store.resident_bytes(bf16, 32)

@@ -134,9 +134,8 @@ def asked_policy(name: str, model: ModelConfig, layout=None, alpha: float | None
     from memo_sim.policy import get_policy, policy_class  # noqa: PLC0415 - lazy
 
     cls = policy_class(name)
-    if cls.needs_experts and not model.moe:
-        raise MemoError(f"--policy {name} rebuilds MoE tensors: model {model.name} has no experts; choose another "
-                        f"--policy")
+    if why := cls.experts_why_not(model):
+        raise MemoError(f"--policy {why}; fix: choose another --policy")
     if why := cls.model_why_not(model):
         raise MemoError(f"--policy {name}: {why}; fix: choose another --policy")
     if layout is not None and (why := cls.layout_why_not(layout)):

@@ -118,7 +118,9 @@ RECOMPUTE_GROUPS = {"norms": ("ln1", "ln2"), "moe_act": ("eact",),
 # v: the QK norms' outputs where the layer keeps them, `offload_module_tensors`; forced_released_tensors frees them),
 # attn_proj the output projection's input (the kernel's output, which the kernel saves too, freed only by this group's
 # forced release, and its quantised copy under FP8), expert_fc1 the experts' first GEMM's input (the dispatched
-# tokens, and Llama 4's weighted copies). Disjoint, so a set of modules sums its groups' bytes
+# tokens, or Llama 4's weighted copies of them). Disjoint, so a set of modules sums its groups' GPU bytes (the one
+# tensor two groups save, the attention output, is copied by each where the framework copies per group:
+# ``sk["offload_shared_copy"]``)
 OFFLOAD_GROUPS = {"core_attn": ("q", "k", "v"), "attn_proj": ("attn", "attn_fp8"),
                   "expert_fc1": ("moe_in", "moe_in_w")}
 
@@ -130,6 +132,10 @@ def offload_module_tensors(model: ModelConfig, module: str) -> tuple[str, ...]:
     names = OFFLOAD_GROUPS[module]
     if module == "core_attn" and model.qk_norm and model.qk_norm_kept:
         return ("q_normed", "k_normed", "v")
+    if module == "expert_fc1" and model.moe and model.moe_router.weights_input:
+        # Llama 4 weights the dispatched tokens before the group opens (moe/experts.py at d98e8a64: the multiply runs
+        # before expert_fc1's manager and keeps the unweighted tokens outside it): the weighted copy alone goes
+        return ("moe_in_w",)
     return names
 
 
@@ -192,6 +198,13 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
     for m in OFFLOAD_GROUPS:
         out[f"offload_{m}"] = sum(saved_bytes(tens[n], model, layout, batch, seq)
                                   for n in offload_module_tensors(model, m) if n in tens and tens[n].saved)
+    # the attention output the kernel's group (core_attn) and the projection's (attn_proj) both save where it is one
+    # tensor (the projection keeps no quantised copy of its own, and no keeping Ulysses gives the kernel an output of
+    # its own): copied to the host and back once more by a framework whose offload copies per group
+    # (`ModelConfig.offload_copies_per_group`; its GPU bytes are freed once)
+    one_tensor = not fp8_attention_copy(model) and (layout.ulysses == 1 or layout.ulysses_bwd_resend)
+    out["offload_shared_copy"] = (tensor_bytes(tens["attn"], layout, batch, seq)
+                                  if model.offload_copies_per_group and one_tensor else 0.0)
     out["scores"] = materialised_score_bytes(model, layout, batch, seq)
     # what re-running the attention core drops (selective recompute; the checkpoint keeps its inputs q, k, v): the
     # kernel's own output where the output projection keeps a quantised copy of it too

@@ -43,10 +43,14 @@ _RECOMPUTE = {"store_all": [],
               **{name: [("--recompute-granularity", "selective"),
                         ("--recompute-modules", policy_class(name).megatron_modules)]
                  for name in ("recompute_norm_act", "recompute_moe", "recompute_mlp")},
-              # chosen modules' saved tensors on the host (`memo_sim.policy.offload_modules`: each policy's modules)
-              **{name: [("--fine-grained-activation-offloading", None),
-                        ("--offload-modules", policy_class(name).megatron_modules)]
-                 for name in ("offload_attn", "offload_attn_experts")}}
+              # chosen modules' saved tensors on the host (`memo_sim.policy.offload_modules`: each policy's modules),
+              # beside the modules it re-runs where it re-runs some (its megatron_modules)
+              **{name: ([("--recompute-granularity", "selective"),
+                         ("--recompute-modules", policy_class(name).megatron_modules)]
+                        if getattr(policy_class(name), "megatron_modules", ()) else [])
+                 + [("--fine-grained-activation-offloading", None),
+                    ("--offload-modules", policy_class(name).offload_modules)]
+                 for name in ("offload_attn", "offload_attn_experts", "offload_attn_experts_recompute")}}
 _RUNS = {name: " ".join(o if v is None else f"{o} {v if isinstance(v, str) else ' '.join(v)}" for o, v in args) or
          "no recompute (every activation kept)" for name, args in _RECOMPUTE.items()}
 
@@ -490,6 +494,9 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
              # Megatron-FSDP asserts the variable is unset or above 1 (validate_args at SOURCE); TP's overlap wants 1
              "unset CUDA_DEVICE_MAX_CONNECTIONS" if ("--use-megatron-fsdp", None) in args
              else "export CUDA_DEVICE_MAX_CONNECTIONS=1",
+             # validate_args at SOURCE asserts it beside --fine-grained-activation-offloading on TransformerEngine
+             # >= 2.10 ("to avoid offloading weights"; a review found the script refused)
+             *(["export NVTE_CPU_OFFLOAD_V1=1"] if ("--fine-grained-activation-offloading", None) in args else []),
              alloc_env(nearest_plan(plan, g)[0]) + tr + " \\"]
     body = [f"    {opt}" + _words(val) for opt, val in args]
     lines += [b + " \\" for b in body[:-1]] + [body[-1], ""]

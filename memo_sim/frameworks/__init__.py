@@ -284,6 +284,7 @@ class _PrecisionIn(BaseModel):
     fp8_sp_gathers: bool = Field(False, strict=True)  # FP8 GEMM inputs all-gathered (SP) as FP8 copies
     fp8_weights_per_use: bool = Field(False, strict=True)  # FP8 weights cast at every use, no copy kept
     fp8_weights_saved: bool = Field(False, strict=True)  # each layer's FP8 weight saved by autograd to its backward
+    fp8_attention_copy: bool = Field(True, strict=True)  # the output projection's own quantised input kept
 
 
 class _FrameworkIn(BaseModel):
@@ -299,6 +300,9 @@ class _FrameworkIn(BaseModel):
     chunked_attention: bool = Field(False, strict=True)  # it runs Llama 4's chunked attention (else full causal)
     # QK norms (Qwen3): their outputs kept for the backward beside the projections (`ModelConfig.qk_norm_kept`)
     qk_norm_outputs_kept: bool = Field(True, strict=True)
+    # its fine-grained activation offload copies a tensor once per offload group that saves it
+    # (`ModelConfig.offload_copies_per_group`; Megatron-LM's, the one such offload memo prices)
+    offload_copies_per_group: bool = Field(True, strict=True)
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -333,6 +337,7 @@ class Framework:
     fp8_sp_gathers: bool = False  # under FP8 its sequence-parallel all-gathers carry the GEMM inputs' FP8 copies
     fp8_weights_per_use: bool = False  # under FP8 it casts the linear weights at every use and keeps no FP8 copy
     fp8_weights_saved: bool = False  # under FP8 each layer's forward saves its FP8 weight copy for its backward
+    fp8_attention_copy: bool = True  # under FP8 the output projection keeps its own quantised input (its 1-byte copy)
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
     optimizer_offload_zero: tuple[int, ...] | None = None  # ... beside these ZeRO stages only (None: all it offers)
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
@@ -342,6 +347,7 @@ class Framework:
     ddp: bool = True  # it runs ZeRO 0 over more than one data-parallel rank (`_LayoutsIn.ddp`)
     chunked_attention: bool = False  # it runs chunked attention (Llama 4); else a model's chunked layers run full
     qk_norm_outputs_kept: bool = True  # a QK-norm model's normalised queries and keys kept (`ModelConfig.qk_norm_kept`)
+    offload_copies_per_group: bool = True  # `ModelConfig.offload_copies_per_group`
     shards_over_cp: bool = False  # its FSDP shards over the CP ranks too (`_LayoutsIn.shards_over_cp`)
     multi_token_prediction: bool = False  # it trains multi-token-prediction modules (`_LayoutsIn`)
     rank_orders: tuple[str, ...] = (DEFAULT_RANK_ORDER,)  # the orders it numbers ranks in (`layout.rank_order`)
@@ -387,11 +393,14 @@ class Framework:
             raise MemoError(f"--precision {model.gemm_format}: {self.name} does not offer {model.gemm_format} GEMMs "
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
         fp8 = {"fp8_saved_inputs": self.fp8_saved_inputs, "fp8_sp_gathers": self.fp8_sp_gathers,
-               "fp8_weights_per_use": self.fp8_weights_per_use, "fp8_weights_saved": self.fp8_weights_saved}
+               "fp8_weights_per_use": self.fp8_weights_per_use, "fp8_weights_saved": self.fp8_weights_saved,
+               "fp8_attention_copy": self.fp8_attention_copy}
         if model.gemm.quantised and any(getattr(model, k) != v for k, v in fp8.items()):
             model = replace(model, **fp8)
         if model.qk_norm and model.qk_norm_kept != self.qk_norm_outputs_kept:  # as it keeps them for the backward
             model = replace(model, qk_norm_kept=self.qk_norm_outputs_kept)
+        if model.offload_copies_per_group != self.offload_copies_per_group:  # as its offload copies shared tensors
+            model = replace(model, offload_copies_per_group=self.offload_copies_per_group)
         if model.chunked_layers and not self.chunked_attention:  # as its script would run the model
             note = (f"chunked attention ({model.attention_chunk}-token chunks on {model.chunked_layers} layers): "
                     f"{self.name} has none, priced as full causal attention")
@@ -577,10 +586,10 @@ def _read(path: Path) -> Framework:
                      else lay.embedding_loss_slots,
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      fp8_weights_per_use=f.precision.fp8_weights_per_use,
-                     fp8_weights_saved=f.precision.fp8_weights_saved,
+                     fp8_weights_saved=f.precision.fp8_weights_saved, fp8_attention_copy=f.precision.fp8_attention_copy,
                      dp_modes=lay.dp_modes, ddp=lay.ddp, chunked_attention=f.chunked_attention,
                      shards_over_cp=lay.shards_over_cp,
-                     qk_norm_outputs_kept=f.qk_norm_outputs_kept,
+                     qk_norm_outputs_kept=f.qk_norm_outputs_kept, offload_copies_per_group=f.offload_copies_per_group,
                      multi_token_prediction=lay.multi_token_prediction, rank_orders=lay.rank_orders,
                      mapping_equal_groups=lay.mapping_equal_groups, ring_cp_sliding_window=lay.ring_cp_sliding_window,
                      experts=None if lay.experts is None else ExpertsOffer(**lay.experts.model_dump()), parsed=f)

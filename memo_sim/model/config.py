@@ -127,7 +127,8 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
                    "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
                    "fp8_weights_per_use": False, "fp8_weights_saved": False, "fp8_transposes": True,
-                   "qk_norm_kept": False}
+                   "fp8_attention_copy": True,
+                   "qk_norm_kept": False, "offload_copies_per_group": False}
 
 
 # the fields that describe a mixture of experts and mean nothing without ``experts`` (module docs): the one list a dense
@@ -167,9 +168,11 @@ class _ModelIn(BaseModel):
     fp8_weights_per_use: bool = Field(False, strict=True)
     fp8_weights_saved: bool = Field(False, strict=True)
     fp8_transposes: bool = Field(True, strict=True)
+    fp8_attention_copy: bool = Field(True, strict=True)
     head_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     qk_norm: bool = Field(False, strict=True)
     qk_norm_kept: bool = Field(False, strict=True)
+    offload_copies_per_group: bool = Field(False, strict=True)
     attention_sinks: bool = Field(False, strict=True)
     sliding_window: Annotated[int, Field(strict=True, ge=0, le=1 << 30)] = 0
     sliding_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
@@ -372,6 +375,12 @@ class ModelConfig:
     # False where the GPU's FP8 GEMMs take any layout and the framework keeps one copy (TransformerEngine on
     # Blackwell); set from the framework and the profile together (`memo_sim.cost.gemm_format.for_profile`)
     fp8_transposes: bool = True
+    # with a quantised format and the GEMM inputs' copies kept (``fp8_saved_inputs``): whether the output projection
+    # keeps its own quantised copy of the attention output beside the kernel's (TransformerEngine's Linear, torchao's
+    # Float8Linear); False where it keeps the original and casts it again for the weight gradient (Megatron-LM at
+    # d98e8a64: ``set_save_original_input(self.linear_proj)`` for every FP8 recipe but delayed and for FP4 on
+    # TransformerEngine >= 2.6, attention.py); set by the framework
+    fp8_attention_copy: bool = True
     # attention beyond hidden / heads (module docs; 0 / False: as hidden / heads gives)
     head_dim: int = 0  # query/key head size (no-rope part under latent attention); 0: hidden // heads
     qk_norm: bool = False
@@ -380,6 +389,12 @@ class ModelConfig:
     # TransformerEngine norms, torchtitan's); False: memo's executor, which normalises them again wherever the kernel
     # runs (a transient, `memo_sim.memplan.trace_gen`). Set by the framework (`Framework.for_model`)
     qk_norm_kept: bool = False
+    # Megatron-LM's fine-grained activation offload (`memo_sim.policy.offload_modules`): a tensor two offload groups
+    # save is copied to the host by each (its dedup looks within one group: fine_grained_activation_offload.py at
+    # d98e8a64), so the attention output, saved by the kernel (core_attn) and by the output projection (attn_proj),
+    # goes out and comes back twice; False: memo's executor, which moves it once. Set by the framework
+    # (`Framework.for_model`)
+    offload_copies_per_group: bool = False
     attention_sinks: bool = False
     sliding_window: int = 0
     sliding_layers: int = 0

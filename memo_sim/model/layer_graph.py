@@ -170,8 +170,10 @@ def fp8_attention_copy(model: ModelConfig) -> bool:
     inputs for the weight gradients (``fp8_saved_inputs``: TransformerEngine's Linear saves its quantised
     ``inputmat``), the output projection keeps its copy of the attention output beside the attention kernel's own
     output, which the kernel's backward reads (`FP8_SAVED_INPUTS` leaves attn out for that reason: the copy is a
-    tensor of its own, ``attn_fp8``, at the format's bytes; a review found it uncounted)."""
-    return bool(model.fp8_saved_inputs and model.gemm.quantised)
+    tensor of its own, ``attn_fp8``, at the format's bytes; a review found it uncounted), unless the framework has
+    the projection keep the original (``fp8_attention_copy`` off: Megatron-LM, which then casts it again for the
+    weight gradient, `fp8_input_kept`; a review found the copy counted there)."""
+    return bool(model.fp8_saved_inputs and model.gemm.quantised and model.fp8_attention_copy)
 
 
 def fp8_input_kept(model: ModelConfig, gemm_input: str) -> bool:

@@ -53,7 +53,7 @@ class Policy:
     offloads: ClassVar[bool] = False  # skeletal bytes go to host after the forward
     recomputes_attention: ClassVar[bool] = False  # the whole layer forward re-runs before backward
     static_memory_plan: ClassVar[bool] = False  # transients placed by MEMO's bi-level plan
-    needs_experts: ClassVar[bool] = False  # only for mixture-of-experts models (it rebuilds MoE tensors)
+    needs_experts: ClassVar[bool] = False  # only for mixture-of-experts models (it rebuilds or moves MoE tensors)
     # the skeletal roles an offloading policy copies to host whole (the "other" ones by ``offload_fraction_other``)
     offloaded_roles: ClassVar[tuple[str, ...]] = ("input", "attn")
     # whether each layer's attention lse stays on the GPU from its forward to its backward (every layer's at once);
@@ -77,6 +77,14 @@ class Policy:
     def model_why_not(model: ModelConfig) -> str | None:
         """Why the policy cannot price ``model`` (None: it can; the what-if leaves it out, or refuses it when
         asked for by name)."""
+        return None
+
+    @classmethod
+    def experts_why_not(cls, model: ModelConfig) -> str | None:
+        """Why a policy that rebuilds or moves a mixture of experts' tensors (``needs_experts``) cannot price ``model``,
+        or None: the one wording the what-if, the commands' --policy and a plan's check use."""
+        if cls.needs_experts and not model.moe:
+            return f"{cls.name} acts on a mixture of experts' tensors: model {model.name} has no experts"
         return None
 
     @staticmethod

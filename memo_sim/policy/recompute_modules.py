@@ -56,7 +56,7 @@ class RecomputeModules(StoreAll):
         # the modules are Megatron TP's layer parts (its LayerNormColumnParallelLinear, its MoE layer): METP's layer
         # has none of them, and memo-exec re-runs them in the Megatron layer only (a review found the what-if
         # answering with recompute_mlp on metp_ffn, which memo-exec refused)
-        return megatron_layer_why_not(layout, "--recompute-modules re-run parts")
+        return megatron_layer_why_not(layout, "Megatron-LM's --recompute-modules re-run parts")
 
     def dropped(self, sk) -> float:
         return sum(sk.get(g, 0.0) for g in self.groups)

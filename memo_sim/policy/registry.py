@@ -28,7 +28,7 @@ def get_policy(name: str, alpha: float | None = None) -> Policy:
 
 
 def prices_model(name: str, model) -> bool:
-    """Whether policy ``name`` applies to ``model``: one that rebuilds MoE tensors only to a MoE model, and none
+    """Whether policy ``name`` applies to ``model``: one that rebuilds or moves MoE tensors only to a MoE model, and none
     whose ``model_why_not`` names a reason (the what-if and sweep-seq leave the others out of their defaults)."""
     cls = policy_class(name)
     return (model.moe or not cls.needs_experts) and cls.model_why_not(model) is None

@@ -28,7 +28,7 @@ class SelectiveRecompute(StoreAll):
         # Megatron-LM's attention core, re-run from the kept q, k, v; METP's layer keeps its attention's inputs as
         # blocks on the ring (metp) and memo-exec's METP layer has no core to re-run alone (a review: a hand-made
         # METP plan was refused only after its ranks had started)
-        return megatron_layer_why_not(layout, "selective recompute re-runs the attention core")
+        return megatron_layer_why_not(layout, "Megatron-LM's selective recompute re-runs the attention core")
 
     def kept_scores(self, sk) -> float:
         return 0.0

@@ -8,10 +8,11 @@ from memo_sim.policy.registry import register
 
 
 def megatron_layer_why_not(layout, what: str) -> str | None:
-    """Why a policy that acts on parts of Megatron-LM's tensor-parallel layer (``what`` does so) cannot run on
-    ``layout`` (METP's layer has none of them, and memo-exec runs them in the Megatron layer only), or None."""
+    """Why a policy that acts on parts of Megatron-LM's tensor-parallel layer (``what``, e.g. "Megatron-LM's
+    --recompute-modules re-run parts") cannot run on ``layout`` (METP's layer has none of them, and memo-exec runs
+    them in the Megatron layer only), or None."""
     if layout.tp > 1 and layout.tp_mode != "megatron":
-        return f"{what} of Megatron-LM's tensor-parallel layer, which tp_mode {layout.tp_mode} does not have: " \
+        return f"{what} of its own tensor-parallel layer, which tp_mode {layout.tp_mode} does not have: " \
                f"plan with tp_mode megatron"
     return None
 

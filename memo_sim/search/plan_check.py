@@ -53,7 +53,8 @@ def layout_problem(plan: Plan, profile) -> str | None:
         return f"layout: {seq_fix_names(why, 'seq_tokens')}"
     # the policy against the model and layout, as the what-if leaves a pair out (a review: a hand-made plan of
     # selective recompute on METP was refused by memo-exec only after its ranks had started)
-    why = plan.policy.model_why_not(plan.model) or plan.policy.layout_why_not(plan.layout)
+    why = (plan.policy.experts_why_not(plan.model) or plan.policy.model_why_not(plan.model)
+           or plan.policy.layout_why_not(plan.layout))
     return f"policy: {why}" if why else None
 
 

@@ -316,8 +316,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     fw = fw.for_layouts_of(model)  # a mixture of experts' layouts: what its MoE layers run beside (ZeRO stages)
     if policies is not None:
         for p in policies:
-            if p in policy_names() and policy_class(p).needs_experts and not model.moe:
-                raise MemoError(f"--policy {p} rebuilds MoE tensors: model {model.name} has no experts")
+            if p in policy_names() and (why := policy_class(p).experts_why_not(model)):
+                raise MemoError(f"--policy {why}; fix: choose another --policy")
             if p in policy_names() and (why := policy_class(p).model_why_not(model)):
                 raise MemoError(f"--policy {p}: {why}; fix: choose another --policy")
     if schedules and "sppo" in schedules and "sppo" in policy_names() and (why := policy_class("sppo").model_why_not(
