@@ -17,6 +17,17 @@ from memo_sim.cost.activations import layer_tensor_bytes, skeletal_bytes
 from memo_sim.policy.rounding_buffers import N_BUFFERS
 
 K = 1024
+MOE_ARGS = ("--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "16K", "--tp", "2", "--ep", "4", "--pp", "1")
+
+
+def _exported(folder, *whatif_args):
+    """(plan.json, megatron.sh) of a Megatron plan the what-if writes with ``whatif_args`` and `memo-sim export`."""
+    r = CliRunner().invoke(cli, ["whatif", "--framework", "megatron", *whatif_args, "--out", str(folder / "p")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, ["export", str(folder / "p" / "plan.json"), "--to", "megatron", "--no-price", "--out",
+                                 str(folder / "ex")])
+    assert r.exit_code == 0, r.output
+    return folder / "p" / "plan.json", (folder / "ex" / "megatron.sh").read_text()
 
 
 def test_offload_attn_offloads_the_attention_kernels_inputs_and_output_by_hand():
@@ -95,32 +106,18 @@ def test_megatron_offers_it_and_exports_it_and_memo_exec_refuses_it(tmp_path):
     assert r.exit_code == 0, r.output
     pols = {c["policy"] for c in json.loads(r.stdout)["candidates"]}
     assert "offload_attn" in pols and "offload_attn_experts" not in pols  # a dense model
-    out = tmp_path / "p"
-    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "64K", "--framework",
-                                 "megatron", "--tp", "2", "--cp", "4", "--pp", "1", "--zero", "1", "--policy",
-                                 "offload_attn", "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(cli, ["export", str(out / "plan.json"), "--to", "megatron", "--no-price", "--out",
-                                 str(tmp_path / "ex")])
-    assert r.exit_code == 0, r.output
-    script = (tmp_path / "ex" / "megatron.sh").read_text()
+    _plan, script = _exported(tmp_path / "dense", "--model", "gpt-7b", "--gpus", "8", "--seq", "64K", "--tp", "2",
+                              "--cp", "4", "--pp", "1", "--zero", "1", "--policy", "offload_attn")
     assert "--fine-grained-activation-offloading" in script and "--offload-modules core_attn attn_proj" in script
     assert "--recompute-granularity" not in script
     # Megatron's validate_args asserts it beside the offload on TransformerEngine >= 2.10 (a review)
     assert "export NVTE_CPU_OFFLOAD_V1=1" in script.splitlines()
     # the MoE set: Megatron writes it, memo-exec refuses it in one line (its MoE block keeps the dispatched tokens)
-    moe = tmp_path / "moe"
-    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "16K", "--framework",
-                                 "megatron", "--tp", "2", "--ep", "4", "--pp", "1", "--policy", "offload_attn_experts",
-                                 "--out", str(moe)])
-    assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(cli, ["export", str(moe / "plan.json"), "--to", "megatron", "--no-price", "--out",
-                                 str(tmp_path / "ex2")])
-    assert r.exit_code == 0, r.output
-    assert "--offload-modules core_attn attn_proj expert_fc1" in (tmp_path / "ex2" / "megatron.sh").read_text()
+    plan, script = _exported(tmp_path / "moe", *MOE_ARGS, "--policy", "offload_attn_experts")
+    assert "--offload-modules core_attn attn_proj expert_fc1" in script
     from memo_exec.cli import cli as exec_cli  # noqa: PLC0415
 
-    r = CliRunner().invoke(exec_cli, ["run", str(moe / "plan.json"), "--nproc", "8"])
+    r = CliRunner().invoke(exec_cli, ["run", str(plan), "--nproc", "8"])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "offload_attn_experts" in lines[0], r.output
 
@@ -140,15 +137,7 @@ def test_the_documented_moe_pair_offloads_and_rebuilds_disjoint_tensors(tmp_path
         c.name for c in rec.recompute_costs(m, lay, 1, 4 * K, prof)]
     assert both.offload_bytes(m, lay, 1, 4 * K) == pytest.approx(off.offload_bytes(m, lay, 1, 4 * K))
     assert len({p.behaviour(8) for p in (both, off, rec)}) == 3
-    out = tmp_path / "p"
-    r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--gpus", "8", "--seq", "16K", "--framework",
-                                 "megatron", "--tp", "2", "--ep", "4", "--pp", "1", "--policy",
-                                 "offload_attn_experts_recompute", "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(cli, ["export", str(out / "plan.json"), "--to", "megatron", "--no-price", "--out",
-                                 str(tmp_path / "ex")])
-    assert r.exit_code == 0, r.output
-    script = (tmp_path / "ex" / "megatron.sh").read_text()
+    _plan, script = _exported(tmp_path, *MOE_ARGS, "--policy", "offload_attn_experts_recompute")
     assert "--recompute-modules layernorm moe_act" in script and "--recompute-granularity selective" in script
     assert "--offload-modules core_attn attn_proj expert_fc1" in script
 
