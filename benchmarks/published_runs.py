@@ -1338,6 +1338,10 @@ HISTORY = (
     ("40f0614", "2026-12-01", "before the 80 GB profiles held the device memory PyTorch reports (80 GiB: 0.67-0.82 "
      "GiB more than an A100's, A800's or H100's) and before a static memory plan's replay decided its fit",
      {"korthikanti-22B-full": 0.019, "korthikanti-22B-selective": -0.032}),
+    ("553a650", "2026-12-03", "before Megatron-LM's output projection kept its original input under FP8 "
+     "(set_save_original_input for every recipe but delayed: memo counted its quantised copy of the attention output "
+     "and cast nothing again for the weight gradient; an expected-value row, in no mean)",
+     {"moe-zoo-mixtral-8x22b-fp8-forced": -0.207}),
 )
 
 

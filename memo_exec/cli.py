@@ -496,6 +496,14 @@ def trace_cmd(plan_file, device, out_file, dtype, attention_backend, target, cud
                        plan.micro_batch or plan.batch, plan.seq_tokens)
     if why:
         raise ExecError(why)
+    from memo_sim.api import runnable_problems  # noqa: PLC0415
+
+    # the layout and the policy against the model, as check-plan and run refuse them (a review: a dense plan edited to
+    # recompute_moe was traced and --write-plan wrote a plan every other command refuses); its memory plan is what
+    # --write-plan replaces, so it is not checked here
+    problems = runnable_problems(plan, memory_plan=False)
+    if problems:
+        raise ExecError(f"{plan_file}: {problems[0]}")
     _trace_outputs_writable(plan, device, out_file, cuda_history, write_plan)
     if device != "meta":  # the plan's CUDA-only attention_backend (or the flag's) on a CPU, named as run names it
         _backend_runs_on(plan, plan_file, attention_backend, device, "trace")

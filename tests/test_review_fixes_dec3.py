@@ -106,3 +106,51 @@ def test_megatrons_output_projection_keeps_the_original_attention_output_under_f
         return next(c.seconds for c in backward_costs(model, lay, 1, 8192, prof) if c.name == "out_proj")
 
     assert proj(meg) > proj(replace(meg, fp8_attention_copy=True))  # the cast again for the weight gradient
+
+
+def test_every_command_refuses_an_experts_policy_on_a_dense_plan_sweep_seq_and_trace_too(tmp_path):
+    """sweep-seq --policy recompute_moe on a dense plan priced it, and memo-exec trace recorded it and wrote a plan
+    every other command refuses (a review)."""
+    r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--layers", "4", "--gpus", "1", "--seq", "4K",
+                                 "--policy", "store_all", "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    plan = tmp_path / "p" / "plan.json"
+    line = _one_line(CliRunner().invoke(cli, ["sweep-seq", str(plan), "--out", str(tmp_path / "s"), "--seqs", "4K",
+                                              "--policy", "recompute_moe", "--jobs", "1"]))
+    assert "acts on a mixture of experts' tensors" in line and not (tmp_path / "s").exists()
+    d = json.loads(plan.read_text())
+    d["policy"]["policy"] = "recompute_moe"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    line = _one_line(CliRunner().invoke(exec_cli, ["trace", str(bad), "--device", "meta", "--out",
+                                                   str(tmp_path / "t.json"), "--write-plan", str(tmp_path / "w.json")]))
+    assert "has no experts" in line and not (tmp_path / "w.json").exists()
+
+
+def test_a_candidate_with_virtual_stages_and_no_schedule_is_interleaved():
+    """make_candidate without a schedule (sweep-seq's --tp-mode series, fit advice) took 1f1b for vpp > 1 (a
+    review)."""
+    from memo_sim.api import Layout, get_model, load_profile
+    from memo_sim.search.whatif import make_candidate
+
+    c = make_candidate(get_model("llama-3.1-8b"), Layout(tp=2, sp=True, pp=2, vpp=2), "store_all", 4, 8192,
+                       load_profile("h100-sxm5-80gb"), None, micro_batch=1)
+    assert c.schedule == "interleaved_1f1b"
+
+
+def test_framework_fields_are_named_where_they_move_the_plan():
+    """The export names fp8_attention_copy beside the other FP8 fields under a quantised format, and the what-if and
+    the export name the offload's copies only for a policy that offloads module groups (a review)."""
+    from dataclasses import replace
+
+    from memo_sim.api import get_model, get_policy
+    from memo_sim.model.config import framework_field_moves
+    from memo_sim.search.request import _model_changes
+
+    bf16 = get_model("llama-3.1-8b")
+    fp8 = replace(bf16, gemm_format="fp8-tensorwise")
+    assert framework_field_moves(fp8, "fp8_attention_copy", False) and not framework_field_moves(
+        bf16, "fp8_attention_copy", False)
+    theirs = replace(bf16, offload_copies_per_group=True)
+    assert _model_changes(bf16, theirs, get_policy("store_all")) == []
+    assert _model_changes(bf16, theirs, get_policy("offload_attn")) == ["offload_copies_per_group False -> True"]

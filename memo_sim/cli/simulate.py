@@ -27,8 +27,8 @@ from pathlib import Path
 
 import click
 
-from memo_sim.cli.common import (comma_items, plan_profile, progress_bar, progress_option, refuse_plan_gemm_format,
-                                 refuse_unwritable_out)
+from memo_sim.cli.common import (asked_policy, comma_items, plan_profile, progress_bar, progress_option,
+                                 refuse_plan_gemm_format, refuse_unwritable_out)
 from memo_sim.errors import MemoError
 from memo_sim.fileio import atomic_write_json, output_folder
 from memo_sim.forked import beside
@@ -409,6 +409,10 @@ def sweep_seq_cmd(plan_file, out_dir, seqs, profile_override, tp_modes, policies
                 raise MemoError(f"--seqs: {fmt_count(s)} does not fit layout {lay.label()}: {why}")
     # a policy that cannot run on a flavour's layout (Megatron's recompute modules on METP: `Policy.layout_why_not`)
     # is left out of that flavour's runs, or refused in one line where asked for by name
+    for p in policies:  # a policy asked for by name that cannot price the model: one line (a review found a dense
+        # plan swept under recompute_moe), as the what-if, memplan and maxseq refuse it (only the refusals are used:
+        # each length's alpha is solved below)
+        asked_policy(p, plan.model, default_alpha=0.0)
     for lay in layouts.values():
         for p in pols:
             if policies and (why := policy_class(p).layout_why_not(lay)):

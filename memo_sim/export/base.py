@@ -21,7 +21,7 @@ from memo_sim.errors import MemoError
 from memo_sim.layout.alloc_conf import merged_alloc_conf, parse_alloc_conf
 from memo_sim.layout.moe_balance import parse_balance
 from memo_sim.layout.parallel import Layout
-from memo_sim.model.config import modules_words
+from memo_sim.model.config import FP8_MODEL_FIELDS, framework_field_moves, modules_words
 from memo_sim.units import fmt_bytes
 from memo_sim.model.precision import RECIPES, default_recipe
 from memo_sim.units import fmt_time
@@ -30,9 +30,10 @@ from memo_sim.plan.schema import Plan
 from memo_sim.policy import Policy, get_policy
 
 
-# the model fields a framework's FP8 library sets (`memo_sim.frameworks.Framework.for_model`,
-# `memo_sim.cost.gemm_format.for_profile`), named among the mechanisms where the export changes them
-_FP8_FIELDS = ("fp8_saved_inputs", "fp8_sp_gathers", "fp8_weights_per_use", "fp8_weights_saved", "fp8_transposes")
+# the model fields a framework sets beside its mechanisms (its FP8 library's, `memo_sim.frameworks.Framework.for_model`,
+# `memo_sim.cost.gemm_format.for_profile`, and its offload's copies), named among the mechanisms where the export
+# changes them and they move the plan (`framework_field_moves`)
+_FRAMEWORK_FIELDS = FP8_MODEL_FIELDS + ("offload_copies_per_group",)
 # a gradient reduction's element width in words (`PrecisionRecipe.grad_reduce_bytes`)
 _REDUCE_WORDS = {4: "fp32", 2: "16 bits"}
 
@@ -285,8 +286,9 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None 
     except MemoError as e:
         return {"label": f"{layout.label()} {policy.label()}", "error": str(e), "status": None,
                 "mechanisms": mechanisms}
-    fp8 = [f"{k} {getattr(plan.model, k)} -> {getattr(model, k)}" for k in _FP8_FIELDS
-           if model.gemm.quantised and getattr(plan.model, k) != getattr(model, k)]
+    offloads = bool(getattr(policy, "offload_modules", ()))
+    fp8 = [f"{k} {getattr(plan.model, k)} -> {getattr(model, k)}" for k in _FRAMEWORK_FIELDS
+           if framework_field_moves(model, k, offloads) and getattr(plan.model, k) != getattr(model, k)]
     mechanisms += fp8
     recipe = framework_recipe(plan, framework)
     if recipe is not None:  # (a review: a DeepSpeed plan exported to torchtitan priced with DeepSpeed's 16-bit

@@ -131,6 +131,25 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "qk_norm_kept": False, "offload_copies_per_group": False}
 
 
+# the fields a framework's FP8 library sets (`memo_sim.frameworks.Framework.for_model`, `memo_sim.cost.gemm_format.
+# for_profile`): they move nothing but a quantised format's pricing (`framework_field_moves`)
+FP8_MODEL_FIELDS = ("fp8_saved_inputs", "fp8_sp_gathers", "fp8_weights_per_use", "fp8_weights_saved", "fp8_transposes",
+                    "fp8_attention_copy")
+
+
+def framework_field_moves(model: "ModelConfig", name: str, offloads_modules: bool) -> bool:
+    """Whether the framework-set model field ``name`` changes what a plan of ``model`` prices: an FP8 library's field
+    under a quantised GEMM format only, the fine-grained offload's copies (``offload_copies_per_group``) under a
+    policy that offloads module groups only (``offloads_modules``), any other field always. The one rule the export's
+    and the what-if's lists of a framework's changes follow (a review: the what-if named the offload's field for a
+    store-all plan, the export named neither field)."""
+    if name in FP8_MODEL_FIELDS:
+        return model.gemm.quantised
+    if name == "offload_copies_per_group":
+        return offloads_modules
+    return True
+
+
 # the fields that describe a mixture of experts and mean nothing without ``experts`` (module docs): the one list a dense
 # model given any of them at other than its default is refused by (`ModelConfig.from_dict`; a review found moe_bias,
 # router, shared_gate, router_normalised, aux_loss_coef and seq_aux on a dense model read and silently ignored)

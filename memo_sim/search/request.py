@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from memo_sim.layout.parallel import MAX_DEGREE, check_layout
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import prices_model
-from memo_sim.model.config import ModelConfig
+from memo_sim.model.config import ModelConfig, framework_field_moves
 from memo_sim.plan.schema import Plan
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.prune import SIMULATE_BOUND
@@ -426,7 +426,7 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
                 memo_on_framework = {**simulate_variant(memo_best, lay, req.allocator_lag, model=fmodel),
                                      "layout_label": lay.label(),
                                      "mechanisms": mechanism_changes(memo_best.layout, lay, req.profile)
-                                     + _model_changes(memo_best.model, fmodel)}
+                                     + _model_changes(memo_best.model, fmodel, memo_best.policy)}
             except MemoError:  # the plan is not one the simulator builds with those mechanisms: no split
                 memo_on_framework = None
     advice = [] if result.best is not None else not_searched(req.gpus, req.searched_policies, req.framework,
@@ -446,10 +446,13 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
                         _searched_split_best(req, result, progress))
 
 
-def _model_changes(mine, theirs) -> list[str]:
-    """The model fields a framework trains otherwise (`Framework.for_model`), as 'field old -> new'."""
+def _model_changes(mine, theirs, policy) -> list[str]:
+    """The model fields a framework trains otherwise (`Framework.for_model`) that move ``policy``'s plan
+    (`framework_field_moves`), as 'field old -> new'."""
+    offloads = bool(getattr(policy, "offload_modules", ()))
     return [f"{f.name} {getattr(mine, f.name)} -> {getattr(theirs, f.name)}" for f in fields(mine)
-            if f.name != "not_modelled" and getattr(mine, f.name) != getattr(theirs, f.name)]
+            if f.name != "not_modelled" and getattr(mine, f.name) != getattr(theirs, f.name)
+            and framework_field_moves(theirs, f.name, offloads)]
 
 
 class _LaterSearch:

@@ -658,7 +658,7 @@ def make_candidate(model: ModelConfig, lay: Layout, pol: str, batch: int, seq: i
                    alpha: float | None, *, micro_batch: int | None = None, schedule: str | None = None) -> Candidate:
     """One fixed layout's candidate for policy ``pol`` under ``schedule`` (default:
     `memo_sim.layout.schedule.default_schedule` for the layout and policy)."""
-    name = schedule or default_schedule(lay.pp, pol)
+    name = schedule or default_schedule(lay.pp, pol, lay.vpp)
     mb = micro_batch or batch
     why = check_schedule(name, pp=lay.pp, vpp=lay.vpp, layers=model.layers, batch=batch, micro_batch=mb,
                          policy_name=pol, uneven=lay.uneven)
