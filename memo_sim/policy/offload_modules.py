@@ -14,8 +14,10 @@ set memo prices (as `memo_sim.policy.recompute_modules` registers one per --reco
   documentation's pairing of the two, `memo_sim.policy.recompute_modules.RecomputeNormAct`'s recompute).
 
 The tensors of each module are `memo_sim.cost.activations.OFFLOAD_GROUPS`' (``sk["offload_<module>"]``). Memory:
-store all's minus the offloaded bytes of every layer, plus two buffers of one layer's offloaded bytes, which hold
-what is being copied out and what is being brought back; the last two layers' stay there until their backward.
+store all's minus the offloaded bytes of every layer, plus two buffers of one layer's copies, which hold what is
+being copied out and what is being brought back; the last two layers' stay there until their backward. Megatron
+copies a tensor once for each group that saves it (`ModelConfig.offload_copies_per_group`: the attention output,
+the kernel's and the projection's, goes out and back twice, its GPU bytes freed once; memo-exec moves it once).
 Time: store all's, with one layer's copies on the offload and prefetch streams beside the compute, waited for by
 the rule every offloading policy shares (`memo_sim.policy.rounding_buffers`).
 
@@ -86,7 +88,8 @@ class OffloadModules(StoreAll):
 
     def offloaded_tensors(self, model, layout, batch, seq):
         # every token row of each tensor the groups hold, at the bytes the layer keeps of it (`saved_bytes`: a routed
-        # tensor's busiest-rank load, Ulysses' kept repeats), so the copies move `offloaded`'s bytes
+        # tensor's busiest-rank load, Ulysses' kept repeats), and the attention output's second copy where the
+        # framework makes one: the copies move `copied`'s bytes
         rows = layer_rows(layout, batch, seq)
         names = self.offloaded_names(model)
         out = []
