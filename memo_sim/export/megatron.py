@@ -61,12 +61,13 @@ _RUNS = {name: " ".join(o if v is None else f"{o} {v if isinstance(v, str) else 
 # TransformerConfig fields with no CLI argument), so there is no --cpu-offloading (a review found the note naming it).
 # TransformerConfig refuses it beside pipeline stages or activation recompute. d98e8a64 also offloads chosen modules'
 # inputs (--fine-grained-activation-offloading --offload-modules ... --activation-offload-fraction: TransformerConfig
-# fine_grained_activation_offloading, transformer_config.py:1323-1361), which memo prices for two module sets (the
-# policies offload_attn and offload_attn_experts, written as such above; a review: the note named the layer-level
-# offload alone)
+# fine_grained_activation_offloading, transformer_config.py:1323-1361), which memo prices for three module sets (the
+# policies offload_attn, offload_attn_experts and offload_attn_experts_recompute, written as such above; a review: the
+# note named the layer-level offload alone)
 _OFFLOAD_NOTE = ("Megatron's activation offload moves whole layers' activations (--cpu-offloading-num-layers N, "
                  "without pipeline stages or recompute only) or chosen modules' saved tensors (--fine-grained-"
-                 "activation-offloading --offload-modules ...: memo's offload_attn and offload_attn_experts policies), "
+                 "activation-offloading --offload-modules ...: memo's offload_attn, offload_attn_experts and "
+                 "offload_attn_experts_recompute policies), "
                  "not a fraction of each layer's token rows; memo does not price the layer-level one, so it is not "
                  "written")
 
