@@ -1131,10 +1131,6 @@ _TITAN_PP_ASYNC = (
     "{t4_memo}, so memo's async TP is the more optimistic")
 _TITAN_PP_RING = ("PyTorch's experimental context parallelism of 2024-12 beyond what memo prices of it, the gap that "
                   "grows with CP in the 8B rows of Table 2 too (torchtitan-t2-cp{k})")
-_TITAN_FP8_CASTS = ("torchao eab345c's casts of each layer's weight to FP8 in every forward (every micro-batch's and "
-                    "the recompute's), which memo prices once a step (the framework data's not_modelled): pricing "
-                    "the FP8 inputs this torchao keeps for the backward (`fp8_saved_inputs`) moved the Float8 rows "
-                    "0.2-4.1 points faster on 2026-12-01")
 _TITAN_ASYNC = (
     "memo too fast with AsyncTP on Llama 3.1 70B (FSDP 32 x TP 8, full AC, compiled, Float8): memo's step is {memo}, "
     "{sync} with the TP collectives on the critical path instead (the variant beside the row), so async TP as memo "
@@ -1155,7 +1151,7 @@ def _titan_pp_text(r: Result) -> str:
     k = r.run.cp
     t4_measured, t4_memo = _async_tp_effect()
     parts = [_TITAN_PP_ASYNC.format(t4_measured=f"{100 * t4_measured:.1f}%", t4_memo=f"{100 * t4_memo:.1f}%"),
-             _TITAN_FP8_CASTS, _POWER_LEFT[4:]]
+             _POWER_LEFT[4:]]
     if k > 1:  # the CP rows: the ring's gap first
         parts.insert(0, _TITAN_PP_RING.format(k=k))
     split = r.run.layout().virtual_stage_ranges(r.run.arch.layers)
@@ -1175,7 +1171,7 @@ def _titan_asynctp_text(r: Result) -> str:
     sync = dict(r.variants).get(SYNC_TP)
     t4_measured, t4_memo = _async_tp_effect()
     parts = [_TITAN_PP_ASYNC.format(t4_measured=f"{100 * t4_measured:.1f}%", t4_memo=f"{100 * t4_memo:.1f}%"),
-             _TITAN_FP8_CASTS, _POWER_LEFT[4:]]
+             _POWER_LEFT[4:]]
     return _TITAN_ASYNC.format(memo=f"{r.predicted_s:.2f} s", sync=f"{sync:.2f} s" if sync else "no fit",
                                hidden=f"{100 * (1 - r.predicted_s / sync):.0f}%" if sync else "-",
                                candidates="; ".join(f"({i + 1}) {p}" for i, p in enumerate(parts)))

@@ -165,21 +165,23 @@ def linear_params_on_gpu(model: ModelConfig, layout: Layout, layers: float, owne
 
 def gemm_cast_seconds(model: ModelConfig, profile: HardwareProfile, phase: str, m: float, k: float, n: float,
                       amax_in: bool = False, amax_out: bool = False, input_kept: bool = False,
-                      groups: int = 1) -> float:
+                      groups: int = 1, weight_cast: bool = True) -> float:
     """The casts around one quantised GEMM out[m, n] = x[m, k] W[k, n] (0 when the format is not quantised):
     forward (and recompute) its input; backward its output gradient and, unless its quantised copy was kept
     (``input_kept``: TransformerEngine's ``fp8_saved_inputs``), the input again for the weight gradient (memo keeps
     the high-precision input, as torchao's Float8Linear does); and the weight where it is cast at every use
     (`weight_use_cast_seconds`). ``amax_in`` / ``amax_out``: a compiled block took the tensor's amax already.
     ``groups``: a grouped GEMM of that many such GEMMs (a rank's local experts), each cast one kernel over them all
-    (the permuted tokens in one buffer, the experts' weights as one multi-tensor cast)."""
+    (the permuted tokens in one buffer, the experts' weights as one multi-tensor cast). ``weight_cast`` False: the
+    weight's per-use cast left out, for a GEMM priced as token chunks whose weight is cast once beside them
+    (`memo_sim.cost.layer_time`'s async TP pairs)."""
     g = groups
     if phase != "bwd":
         t = cast_seconds(model, profile, g * m * k, amax_in)
     else:
         t = cast_seconds(model, profile, g * m * n, amax_out) + (
             0.0 if input_kept else cast_seconds(model, profile, g * m * k))
-    return t + weight_use_cast_seconds(model, profile, g * k * n)
+    return t + (weight_use_cast_seconds(model, profile, g * k * n, phase) if weight_cast else 0.0)
 
 
 def gemm_cast_buffers(model: ModelConfig, phase: str, m: float, k: float, n: float, input_kept: bool = False,
@@ -209,11 +211,15 @@ def gemm_cast_buffers(model: ModelConfig, phase: str, m: float, k: float, n: flo
     return [(what, nbytes) for what, nbytes in out if nbytes > 0]
 
 
-def weight_use_cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float) -> float:
-    """A GEMM's weight of ``elements`` elements cast where the framework casts it at every use
+def weight_use_cast_seconds(model: ModelConfig, profile: HardwareProfile, elements: float, phase: str) -> float:
+    """A GEMM's weight of ``elements`` elements cast in ``phase`` where the framework casts it per use: at every use
     (``ModelConfig.fp8_weights_per_use``: torchao's Float8Linear casts the high-precision weight in the forward,
-    the recompute and again in the backward, keeping no copy); 0 where the copies are kept (`weight_cache_bytes`)."""
-    return cast_seconds(model, profile, elements, weight=True) if model.fp8_weights_per_use else 0.0
+    the recompute and again in the backward, keeping no copy), or in every forward and recompute with the copy saved
+    for the backward (``fp8_weights_saved``: torchao eab345c's ``cast_weight_to_float8_t`` in each Float8Linear
+    forward, every micro-batch's and a checkpointed layer's recompute, the backward reading the saved copy); 0 where
+    the copies are a per-step cache re-cast after the optimizer step (`weight_recast_bytes`)."""
+    per_use = model.fp8_weights_per_use or (model.fp8_weights_saved and phase != "bwd")
+    return cast_seconds(model, profile, elements, weight=True) if per_use else 0.0
 
 
 def weight_cache_bytes(model: ModelConfig, layers: float, layout: Layout, experts_only: bool = False) -> float:
@@ -240,9 +246,9 @@ def saved_weight_bytes(model: ModelConfig, layout: Layout) -> float:
 def weight_recast_bytes(model: ModelConfig, layers: float, layout: Layout, owned: bool = False) -> float:
     """HBM bytes of re-casting ``layers`` layers' linear weights after the optimizer step (read the
     working weights, write the quantised copies); ``owned``: only the GPU's ZeRO-3 shard; none where the weights are
-    cast at every use instead (`weight_use_cast_seconds`)."""
+    cast per use instead (`weight_use_cast_seconds`: at every use, or in every forward with the copy saved)."""
     fmt = model.gemm
-    if not fmt.quantised or model.fp8_weights_per_use:
+    if not fmt.quantised or model.fp8_weights_per_use or model.fp8_weights_saved:
         return 0.0
     return fmt.cast_bytes(linear_params_on_gpu(model, layout, layers, owned), model.recipe.weight_bytes, weight=True)
 

@@ -23,7 +23,7 @@ from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.attention_kernel import materialised_attention
-from memo_sim.cost.gemm_format import gemm_cast_seconds, layer_gemm_time
+from memo_sim.cost.gemm_format import gemm_cast_seconds, layer_gemm_time, weight_use_cast_seconds
 from memo_sim.cost.kernel_time import (attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_op_time,
                                        memory_bound_time)
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
@@ -69,7 +69,7 @@ def gemm_shape(op: OpSpec, layout: Layout, batch: int, seq: int, fraction: float
 
 
 def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq: int,
-                  profile: HardwareProfile, phase: str, fraction: float = 1.0) -> OpCost:
+                  profile: HardwareProfile, phase: str, fraction: float = 1.0, weight_cast: bool = True) -> OpCost:
     shards = layout.tp * layout.seq_split
     if op.kind == "gemm" and op.scope == "expert":  # the rank's local experts (`memo_sim.cost.moe`)
         return moe.expert_gemm_cost(op, model, layout, batch, seq, profile, phase, fraction)
@@ -98,7 +98,7 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         fused = layout.kernel_fusion
         t += gemm_cast_seconds(model, profile, phase, m, k, n, amax_fused_forward(model, fused, op.inputs[0]),
                                amax_fused_backward(model, fused, op.outputs[0]),
-                               fp8_input_kept(model, op.inputs[0]))
+                               fp8_input_kept(model, op.inputs[0]), weight_cast=weight_cast)
         return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
     if op.kind == "attention":
         if layout.attention == "materialised":
@@ -330,17 +330,22 @@ def _async_pair(c: OpCost, op: OpSpec, model: ModelConfig, layout: Layout, batch
     collective runs beside the first tp - 1 chunks and the last chunk waits for it, so the pair
     takes max(G (tp-1)/tp, C) + G/tp. In backward only the data-gradient matmul (half of memo's
     backward GEMM: two kernels of the forward's FLOPs) is chunked; the weight gradient, which reads
-    the gathered tensor on its contracted dimension, runs whole after it."""
-    chunk = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction / layout.tp)
+    the gathered tensor on its contracted dimension, runs whole after it. A weight the framework's FP8
+    library casts per use (`memo_sim.cost.gemm_format.weight_use_cast_seconds`) is cast once, before the
+    pair (the fused op's chunks read the one quantised weight), not once a chunk."""
+    chunk = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction / layout.tp, weight_cast=False)
     part = 1.0
     tail: list[OpCost] = []
     if phase == "bwd":
         part = 1.0 / GEMM_BWD_FACTOR
-        whole = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction)
+        whole = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction, weight_cast=False)
         tail = [replace(whole, name=f"{op.name}_wgrad", seconds=whole.seconds * (1 - part), flops=whole.flops * (1 - part))]
     rest = replace(chunk, seconds=chunk.seconds * part * (layout.tp - 1), flops=chunk.flops * part * (layout.tp - 1))
     last = replace(chunk, name=f"{op.name}_last_chunk", seconds=chunk.seconds * part, flops=chunk.flops * part)
-    return [replace(c, overlaps=1), rest, last, *tail]
+    _, k, n = gemm_shape(op, layout, batch, seq, fraction)
+    cast = weight_use_cast_seconds(model, profile, k * n, phase)
+    head = [OpCost(f"{op.name}_weight_cast", "elementwise", phase, "compute", cast)] if cast > 0 else []
+    return [*head, replace(c, overlaps=1), rest, last, *tail]
 
 
 def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch: int, seq: int,

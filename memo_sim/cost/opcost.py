@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-# An op priced in parts keeps its name with one of these suffixes on the parts after the first (async TP's
-# last GEMM chunk and its backward's weight gradient; the ring steps after an all-gather of K/V,
+# An op priced in parts keeps its name with one of these suffixes on its other parts (async TP's last GEMM chunk,
+# its backward's weight gradient and the per-use cast of its weight before the chunks; the ring steps after an
+# all-gather of K/V,
 # `memo_sim.cost.layer_time`): `base_op_name` reads through them, for whatever picks ops by name
 # (policies' recompute lists, the figures' parts).
-PART_SUFFIXES = ("_last_chunk", "_wgrad", "_ring_steps")
+PART_SUFFIXES = ("_last_chunk", "_wgrad", "_ring_steps", "_weight_cast")
 
 
 def base_op_name(name: str) -> str:
