@@ -22,6 +22,9 @@ def test_a_bound_a_rounding_below_the_best_is_still_simulated(monkeypatch):
 
     best = 19368.26155311082
     assert not below(best * (1 - 1e-15), best) and below(best * (1 - 10 * BOUND_ROUNDING), best)
+    # a long single-stage run (128 layers, 512 micro-batches summed op by op near 240 s) came out 3.3e-12 below
+    # (a review, 2026-12-03): still a tie
+    assert not below(best * (1 - 3.3e-12), best)
     first, tie = _C(best, best), _C(best, best * (1 - 1e-15))
     monkeypatch.setattr(prune, "tgs_upper_bound", lambda c: c.bound)
 
