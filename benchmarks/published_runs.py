@@ -1338,6 +1338,13 @@ HISTORY = (
      "(set_save_original_input for every recipe but delayed: memo counted its quantised copy of the attention output "
      "and cast nothing again for the weight gradient; an expected-value row, in no mean)",
      {"moe-zoo-mixtral-8x22b-fp8-forced": -0.207}),
+    ("5032982", "2026-12-03", "before torchtitan@2024-12's torchao (eab345c) cast each layer's FP8 weight in every "
+     "forward and recompute (memo priced one cast a layer a step, after the optimizer step; the same commit's one "
+     "cast per GEMM under async TP, not one per token chunk, moves no row here)",
+     {"torchtitan-t2-cp1": -0.140, "torchtitan-t2-cp2": -0.020, "torchtitan-t2-cp4": -0.262, "torchtitan-t2-cp8": -0.290,
+      "torchtitan-t4-2d": -0.066, "torchtitan-t4-2d-asynctp": -0.127, "torchtitan-t5-1f1b": -0.138,
+      "torchtitan-t5-interleaved": -0.166, "torchtitan-t6-cp1": -0.112, "torchtitan-t6-cp2": -0.191,
+      "torchtitan-t6-cp4": -0.172, "torchtitan-t6-cp8": -0.241}),
 )
 
 
