@@ -115,8 +115,12 @@ def test_exports_set_torchtitans_flag_and_list_the_gap_elsewhere_and_the_executo
     from memo_exec.distributed.tp import flavour_for
 
     lay = replace_fsdp(Layout(tp=8, sp=True, tp_mode="async_tp"))
-    src = export_plan(_plan(lay), "torchtitan", price=False, nearest=True).files["memo_torchtitan.py"]
+    tt = export_plan(_plan(lay), "torchtitan", price=False, nearest=True)
+    src = tt.files["memo_torchtitan.py"]
     assert "enable_async_tensor_parallel = True" in src and "compile.enable = True" in src
+    # the blocks compiled for async TP where the plan was priced on hand-fused kernels: said, with why (a review)
+    assert lay.kernel_fusion != "compiled"
+    assert [g for g in tt.gaps if g.what.startswith("async TP in blocks priced uncompiled")]
     mega = export_plan(_plan(Layout(tp=8, sp=True, tp_mode="async_tp", dp=4, zero=1)), "megatron", price=False,
                        nearest=True)
     assert any("async TP" in g.what for g in mega.gaps)

@@ -61,3 +61,39 @@ def test_async_tp_casts_a_weight_once_not_once_a_chunk(model):
     for c in casts:
         k = fwd.index(c)
         assert fwd[k + 1].stream == "comm" and fwd[k + 1].overlaps == 1
+
+
+def test_torchao_tp_styles_cast_the_gathered_operands_on_the_shard_and_gather_them_quantised():
+    """torchao eab345c's Float8 TP styles (``fp8_sp_gathers``, torchtitan@2024-12): PrepareFloat8ModuleInput casts a
+    column-parallel GEMM's input on the rank's sequence shard and the forward all-gathers the FP8 copy;
+    Float8RowwiseParallel's NoopFwToFloat8BwDynamic casts a row-parallel GEMM's output gradient to e5m2 on the shard
+    before the backward's all-gather (a review found that gather priced in bf16 and both casts on the gathered
+    tokens)."""
+    from memo_sim.cost.gemm_format import cast_seconds
+
+    tt = replace(BASE, fp8_saved_inputs=True)
+    gathers = replace(tt, fp8_sp_gathers=True)
+    lay = Layout(tp=8, sp=True)
+    batch, seq = 2, 8192
+    fwd = {c.name: c for c in forward_costs(gathers, lay, batch, seq, H100)}
+    fwd0 = {c.name: c for c in forward_costs(tt, lay, batch, seq, H100)}
+    bwd = {c.name: c for c in backward_costs(gathers, lay, batch, seq, H100)}
+    bwd0 = {c.name: c for c in backward_costs(tt, lay, batch, seq, H100)}
+    for name in ("allgather_ln1", "allgather_ln2", "allgather_out_proj", "allgather_fc2"):
+        src = fwd if name in fwd else bwd
+        base = fwd0 if name in fwd0 else bwd0
+        assert src[name].nbytes == pytest.approx(base[name].nbytes / 2), name  # e4m3 / e5m2 against bf16
+    # the re-gathers of the column-parallel inputs for the weight gradient stay as they were (not modelled: torch
+    # keeps the gathered tensor; the framework data says so)
+    assert bwd["allgather_qkv_input"].nbytes == bwd0["allgather_qkv_input"].nbytes
+    tokens = batch * seq
+    h = BASE.hidden
+    # qkv's input cast: on 1/8 of the tokens (the shard) instead of all of them
+    saved = cast_seconds(tt, H100, tokens * h) - cast_seconds(tt, H100, tokens * h / 8)
+    assert fwd0["qkv"].seconds - fwd["qkv"].seconds == pytest.approx(saved, rel=1e-9)
+    # the row-parallel GEMMs' forward is as before; their backward's output-gradient cast on the shard
+    assert fwd["out_proj"].seconds == pytest.approx(fwd0["out_proj"].seconds, rel=1e-12)
+    saved_b = cast_seconds(tt, H100, tokens * h) - cast_seconds(tt, H100, tokens * h / 8)
+    assert bwd0["out_proj"].seconds - bwd["out_proj"].seconds == pytest.approx(saved_b, rel=1e-9)
+    # a column-parallel GEMM's backward (its output gradient is local) is unchanged
+    assert bwd["qkv"].seconds == pytest.approx(bwd0["qkv"].seconds, rel=1e-12)

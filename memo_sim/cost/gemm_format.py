@@ -165,7 +165,8 @@ def linear_params_on_gpu(model: ModelConfig, layout: Layout, layers: float, owne
 
 def gemm_cast_seconds(model: ModelConfig, profile: HardwareProfile, phase: str, m: float, k: float, n: float,
                       amax_in: bool = False, amax_out: bool = False, input_kept: bool = False,
-                      groups: int = 1, weight_cast: bool = True) -> float:
+                      groups: int = 1, weight_cast: bool = True, input_shards: int = 1,
+                      dout_shards: int = 1) -> float:
     """The casts around one quantised GEMM out[m, n] = x[m, k] W[k, n] (0 when the format is not quantised):
     forward (and recompute) its input; backward its output gradient and, unless its quantised copy was kept
     (``input_kept``: TransformerEngine's ``fp8_saved_inputs``), the input again for the weight gradient (memo keeps
@@ -174,14 +175,28 @@ def gemm_cast_seconds(model: ModelConfig, profile: HardwareProfile, phase: str, 
     ``groups``: a grouped GEMM of that many such GEMMs (a rank's local experts), each cast one kernel over them all
     (the permuted tokens in one buffer, the experts' weights as one multi-tensor cast). ``weight_cast`` False: the
     weight's per-use cast left out, for a GEMM priced as token chunks whose weight is cast once beside them
-    (`memo_sim.cost.layer_time`'s async TP pairs)."""
+    (`memo_sim.cost.layer_time`'s async TP pairs). ``input_shards`` / ``dout_shards``: the forward input's / the
+    backward output gradient's cast runs on one of that many sequence shards, before the all-gather that carries
+    the quantised copy (torchao's Float8 TP styles, ``fp8_sp_gathers``: `fp8_gather_shards`)."""
     g = groups
     if phase != "bwd":
-        t = cast_seconds(model, profile, g * m * k, amax_in)
+        t = cast_seconds(model, profile, g * m * k / input_shards, amax_in)
     else:
-        t = cast_seconds(model, profile, g * m * n, amax_out) + (
+        t = cast_seconds(model, profile, g * m * n / dout_shards, amax_out) + (
             0.0 if input_kept else cast_seconds(model, profile, g * m * k))
     return t + (weight_use_cast_seconds(model, profile, g * k * n, phase) if weight_cast else 0.0)
+
+
+def fp8_gather_shards(model: ModelConfig, layout: Layout, row_parallel: bool, phase: str) -> int:
+    """The sequence shards a tensor-parallel GEMM's quantised operand is cast on where the framework casts it before
+    sequence parallelism's all-gather and gathers the quantised copy (``ModelConfig.fp8_sp_gathers``: torchao's
+    Float8ColwiseParallel / PrepareFloat8ModuleInput cast a column-parallel GEMM's input before the forward's
+    all-gather; Float8RowwiseParallel's ``NoopFwToFloat8BwDynamic`` casts a row-parallel GEMM's output gradient to
+    e5m2 before the backward's all-gather, and the linear's backward takes it as cast): ``layout.tp``, else 1 (the
+    cast on the gathered tensor). The all-gathers' bytes: `memo_sim.cost.layer_time`'s TP collectives."""
+    if not (model.fp8_sp_gathers and model.gemm.quantised and layout.sp and layout.tp > 1):
+        return 1
+    return layout.tp if row_parallel == (phase == "bwd") else 1
 
 
 def gemm_cast_buffers(model: ModelConfig, phase: str, m: float, k: float, n: float, input_kept: bool = False,

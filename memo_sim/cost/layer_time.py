@@ -23,7 +23,8 @@ from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.attention_kernel import materialised_attention
-from memo_sim.cost.gemm_format import gemm_cast_seconds, layer_gemm_time, weight_use_cast_seconds
+from memo_sim.cost.gemm_format import (fp8_gather_shards, gemm_cast_seconds, layer_gemm_time,
+                                       weight_use_cast_seconds)
 from memo_sim.cost.kernel_time import (attention_bwd_time, attention_fwd_time, gemm_time, memory_bound_op_time,
                                        memory_bound_time)
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
@@ -95,10 +96,14 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         # backward: the output gradient, and the input again for the weight gradient (memo keeps the
         # high-precision input for backward, as torchao's Float8Linear does, and re-casts it there)
         # (a compiled block takes the amax where a memory-bound kernel writes the tensor: `model.kernel_fusion`)
+        # torchao's Float8 TP styles cast a gathered operand on the rank's sequence shard (`fp8_gather_shards`)
         fused = layout.kernel_fusion
+        row = op.tp_comm_after == "reduce"
+        shards = fp8_gather_shards(model, layout, row, phase) if row or op.name in sp_regathered(model) else 1
         t += gemm_cast_seconds(model, profile, phase, m, k, n, amax_fused_forward(model, fused, op.inputs[0]),
                                amax_fused_backward(model, fused, op.outputs[0]),
-                               fp8_input_kept(model, op.inputs[0]), weight_cast=weight_cast)
+                               fp8_input_kept(model, op.inputs[0]), weight_cast=weight_cast, input_shards=shards,
+                               dout_shards=shards)
         return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
     if op.kind == "attention":
         if layout.attention == "materialised":
@@ -151,9 +156,11 @@ def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, s
         # forward: all-gather before a column-parallel gemm, reduce-scatter after a row-parallel one;
         # backward swaps them.
         gather = (op.tp_comm_after == "gather") == (phase != "bwd")
-        if gather and phase != "bwd" and model.fp8_sp_gathers and model.gemm.quantised:
-            # the GEMM input's quantised copy gathered (torchao's Float8ColwiseParallel and
-            # PrepareFloat8ModuleInput cast before they redistribute), not the model-dtype tensor
+        if gather and (phase != "bwd" or op.kind == "gemm") and model.fp8_sp_gathers and model.gemm.quantised:
+            # the quantised copy gathered, not the model-dtype tensor: forward, the column-parallel GEMM input
+            # (torchao's Float8ColwiseParallel and PrepareFloat8ModuleInput cast before they redistribute);
+            # backward, a row-parallel GEMM's output gradient (Float8RowwiseParallel's NoopFwToFloat8BwDynamic
+            # casts it to e5m2 before its redistribute's backward all-gathers it: `fp8_gather_shards`)
             size = model.gemm.quantised_bytes(size / DTYPE_BYTES[model.dtype]) / max(1, model.gemm.copies)
         name = ("allgather" if gather else "reducescatter") + f"_{op.name}"
         t = coll.ring_allgather_time(size, layout.tp, *coll.link_params(link, "all_gather" if gather else "reduce_scatter"))

@@ -384,6 +384,14 @@ def gaps(plan: Plan) -> list[Gap]:
                        "is required for highest performance'; llama3_405b's Float8 sets model_compile_enabled from "
                        "its compile settings); compiled blocks fuse more than the hand-fused kernels priced, so the "
                        "run should be no slower than priced"))
+    elif plan.layout.flavour.async_collectives and plan.layout.kernel_fusion != "compiled":
+        out.append(Gap("async TP in blocks priced uncompiled (memo's hand-fused kernels, kernel_fusion fused)",
+                       "the blocks compiled (config.compile.enable with 'model' in config.compile.components): "
+                       "torchtitan runs async TP as Inductor's micro-pipeline pass, so only in compiled blocks "
+                       "(torchtitan/config/configs.py CompileConfig.enable_async_tensor_parallel, which its "
+                       "__post_init__ accepts with compile.enable and 'model' in compile.components only); compiled "
+                       "blocks fuse more than the hand-fused kernels priced, so the run should be no slower than "
+                       "priced"))
     out += _nvfp4_moe_gap(plan)
     if _module(plan) == "qwen3" and plan.model.moe:
         out += _qwen3_moe_gaps(plan.model)

@@ -81,7 +81,8 @@ offers: ``recipes`` maps a model dtype to the model-state recipe the framework r
 with ``--precision`` wins), ``gemm_formats`` lists the formats (`memo_sim.model.gemm_formats`) the
 version can run (default: ``bf16`` only), and under a quantised format ``fp8_saved_inputs`` (the
 GEMM inputs kept for backward as quantised copies), ``fp8_sp_gathers`` (sequence parallelism
-all-gathers the GEMM inputs' quantised copies), ``fp8_weights_per_use`` (the linear weights cast at every
+all-gathers the column-parallel GEMM inputs' and the row-parallel GEMM output gradients' quantised copies, cast on
+the sequence shard), ``fp8_weights_per_use`` (the linear weights cast at every
 use, no quantised copy kept) and ``fp8_weights_saved`` (each layer's quantised weight copy made by its forward and
 saved by autograd for its backward). `Framework.for_model` applies them to a model.
 

@@ -377,8 +377,9 @@ class ModelConfig:
     # with a quantised format: the GEMM inputs kept for backward are the quantised copies (TransformerEngine),
     # not the high-precision tensors (torchao's Float8Linear); set by the framework (`Framework.for_model`)
     fp8_saved_inputs: bool = False
-    # with a quantised format: sequence parallelism's all-gathers of the column-parallel GEMMs' inputs carry
-    # the quantised copies (torchao's Float8 TP styles cast before the all-gather); set by the framework
+    # with a quantised format: sequence parallelism's all-gathers of the column-parallel GEMMs' inputs (forward)
+    # and of the row-parallel GEMMs' output gradients (backward) carry the quantised copies, cast on the rank's
+    # sequence shard before the all-gather (torchao's Float8 TP styles); set by the framework
     fp8_sp_gathers: bool = False
     # with a quantised format: the linear weights are cast at every use (each GEMM's forward, recompute and backward)
     # and no quantised copy is kept (torchao's Float8Linear); else their copies are kept across the step's

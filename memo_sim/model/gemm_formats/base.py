@@ -30,8 +30,9 @@ ops, the embedding, the classifier (the output layer), and the gradient and opti
 framework's (``ModelConfig.fp8_saved_inputs``, `memo_sim.model.layer_graph.FP8_SAVED_INPUTS`):
 TransformerEngine keeps the quantised copy, torchao's Float8Linear the high-precision tensor (then
 cast again in backward). Whether sequence parallelism all-gathers a GEMM input's quantised copy is
-the framework's too (``ModelConfig.fp8_sp_gathers``: torchao's Float8 TP styles cast before the
-gather). Not modelled yet (said in each framework's ``not_modelled`` where it runs FP8): FP8
+the framework's too (``ModelConfig.fp8_sp_gathers``: torchao's Float8 TP styles cast a column-parallel
+GEMM's input before the forward's gather and a row-parallel GEMM's output gradient before the backward's, each on
+the rank's sequence shard: `memo_sim.cost.gemm_format.fp8_gather_shards`). Not modelled yet (said in each framework's ``not_modelled`` where it runs FP8): FP8
 all-gathers of FSDP parameters, delayed scaling's amax history, TransformerEngine's FP8 gathers.
 """
 
