@@ -1345,6 +1345,13 @@ HISTORY = (
       "torchtitan-t4-2d": -0.066, "torchtitan-t4-2d-asynctp": -0.127, "torchtitan-t5-1f1b": -0.138,
       "torchtitan-t5-interleaved": -0.166, "torchtitan-t6-cp1": -0.112, "torchtitan-t6-cp2": -0.191,
       "torchtitan-t6-cp4": -0.172, "torchtitan-t6-cp8": -0.241}),
+    ("d2d8b20", "2026-12-03", "before torchao eab345c's Float8 TP styles cast the gathered operands on the rank's "
+     "sequence shard (memo cast the column-parallel inputs and the row-parallel output gradients on the gathered "
+     "tokens) and before the backward's all-gather of a row-parallel GEMM's output gradient carried its e5m2 copy "
+     "(memo gathered it in bf16)",
+     {"torchtitan-t4-2d": -0.063, "torchtitan-t4-2d-asynctp": -0.124, "torchtitan-t5-1f1b": -0.122,
+      "torchtitan-t5-interleaved": -0.151, "torchtitan-t6-cp1": -0.100, "torchtitan-t6-cp2": -0.183,
+      "torchtitan-t6-cp4": -0.167, "torchtitan-t6-cp8": -0.239}),
 )
 
 
