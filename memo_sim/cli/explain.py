@@ -9,7 +9,7 @@ import click
 
 from memo_sim.errors import PlanError
 from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
-from memo_sim.layout.parallel import stage_first_rank, stage_shard
+from memo_sim.layout.parallel import stage_first_rank, stage_shards
 from memo_sim.policy.base import uses_memory_plan
 from memo_sim.engine.simulate import simulate
 from memo_sim.memplan.footprint import memory_breakdown
@@ -107,7 +107,8 @@ def explain(plan_file, out_format, as_json):
                f"{fmt_time(mtp)} a micro-batch on the last stage (analytic, `memo_sim.cost.boundary.mtp_seconds`)")
     if split is not None:
         a.table(["", "forward", "backward", "share"], moe_split_rows(split),
-                title="\none MoE layer by part (analytic: each op alone on the GPU, the busiest expert rank):")
+                title=f"\none MoE layer{' of ' + split.layer_of if split.layer_of else ''} by part (analytic: each op "
+                      f"alone on the GPU, the busiest expert rank):")
         a.table(["", "bytes"], [[k, fmt_bytes(v)] for k, v in split.memory_bytes.items()],
                 title="\nGPU memory by MoE part (analytic" + (f"; the model states of {split.states_of}, a layer's "
                                                                       f"activations" if split.states_of else "") + "):")
@@ -117,12 +118,13 @@ def explain(plan_file, out_format, as_json):
 
 def mtp_share(plan, profile) -> float:
     """The multi-token-prediction modules' seconds a micro-batch in the last stage's classifier phase (0 without),
-    on the layout the simulation prices the head on (a pipeline's per-GPU shard) and with the plan's recompute."""
+    on the layout the simulation prices the head on (a pipeline's last stage's shard, `stage_shards`: where its
+    groups sit) and with the plan's recompute."""
     if not plan.model.mtp_layers:
         return 0.0
     from memo_sim.cost.boundary import boundary_times  # noqa: PLC0415
 
-    lay = stage_shard(plan.layout) if plan.layout.pp > 1 else plan.layout
+    lay = stage_shards(plan.layout, profile.node_gpus)[-1] if plan.layout.pp > 1 else plan.layout
     return boundary_times(plan.model, lay, plan.micro_batch or plan.batch, plan.seq_tokens, profile,
                           recompute_mtp=plan.policy.recomputes_mtp).mtp
 

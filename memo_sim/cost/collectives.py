@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from memo_sim.profile.schema import COLLECTIVES, HardwareProfile, Link
-from memo_sim.layout.parallel import Layout, expert_group_placements, group_spans_nodes, placed_gpus
+from memo_sim.layout.parallel import Layout, expert_group_placements, group_spans_nodes, layout_group_spans
 
 
 def ring_allgather_time(size: float, g: int, bw: float, lat: float) -> float:
@@ -105,8 +105,9 @@ def group_link(profile: HardwareProfile, size: int, stride: int, gpus: int = 0) 
 
 def layout_group_link(profile: HardwareProfile, layout: Layout, size: int, stride: int) -> Link:
     """`group_link` of a group inside the layout's tp x ulysses x cp block (TP, Ulysses, CP), every group of the
-    job looked at (`memo_sim.layout.parallel.placed_gpus`: a stage shard's whole layout's)."""
-    return group_link(profile, size, stride, placed_gpus(layout))
+    job looked at (`memo_sim.layout.parallel.placed_gpus`: a stage shard's whole layout's), or one named stage's
+    groups alone on that stage's shard (`memo_sim.layout.parallel.layout_group_spans`)."""
+    return profile.internode if layout_group_spans(layout, size, stride, profile.node_gpus) else profile.nvlink
 
 
 def alltoall_rank_time(size: float, g: int, local: int, profile: HardwareProfile) -> float:
@@ -127,7 +128,8 @@ def group_alltoall_time(size: float, g: int, stride: int, layout: Layout, profil
     """An all-to-all of ``size`` bytes per rank over groups of ``g`` ranks ``stride`` apart in a stage's GPU
     order (Ulysses: ``ulysses`` ranks ``tp`` apart; expert parallelism: ``ep`` ranks ``etp`` apart): the slowest
     rank of every group of the layout (`memo_sim.layout.parallel.expert_group_placements`: a group across a node
-    boundary has ranks with few peers on their node), each `alltoall_rank_time`."""
+    boundary has ranks with few peers on their node; on one named stage's shard, that stage's groups alone), each
+    `alltoall_rank_time`."""
     if g <= 1:
         return 0.0
     locals_ = {c for p in expert_group_placements(layout, g, stride, profile.node_gpus) for c in p}

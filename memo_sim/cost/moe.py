@@ -112,14 +112,16 @@ def group_size_stride(group: str, layout: Layout) -> tuple[int, int]:
 
 def group_placements(group: str, layout: Layout, profile: HardwareProfile) -> tuple[tuple[int, ...], ...]:
     """How every group of a dispatcher group kind sits on the profile's nodes (each placement its ranks' counts
-    per node; `memo_sim.layout.parallel.expert_group_placements`: every group of every stage, memoised)."""
+    per node; `memo_sim.layout.parallel.expert_group_placements`: every group of every stage, memoised; on one named
+    stage's shard, `memo_sim.layout.parallel.stage_shards`, that stage's groups alone)."""
     g, stride = group_size_stride(group, layout)
     return expert_group_placements(layout, g, stride, profile.node_gpus)
 
 
 def step_link(step_group: str, layout: Layout, profile: HardwareProfile) -> Link:
-    """The link a dispatcher group's collective rides: the inter-node link where any group of the layout spans
-    nodes (`group_placements`: the step waits for its slowest group), NVLink otherwise."""
+    """The link a dispatcher group's collective rides: the inter-node link where any group of the layout (of one
+    named stage on that stage's shard) spans nodes (`group_placements`: the step waits for its slowest group),
+    NVLink otherwise."""
     spans = any(len(p) > 1 for p in group_placements(step_group, layout, profile))
     return profile.internode if spans else profile.nvlink
 

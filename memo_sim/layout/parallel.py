@@ -214,8 +214,9 @@ class Layout:
     reshard_after_forward: bool = True  # FSDP: gathered weights freed after the forward, gathered again for backward
     rank_order: str = DEFAULT_RANK_ORDER  # how the degrees number the GPUs (`memo_sim.layout.rank_order`)
     # a stage shard's (`stage_shard`, pp = dp = 1) place in its whole layout, where its expert groups sit:
-    # (stage GPUs, stage stride, replica stride, ranks between stages, stages); () for a whole layout. Never in a
-    # plan file (`to_dict`): derived from the degrees each time a shard is made.
+    # (stage GPUs, stage stride, replica stride, ranks between stages, stages), then, for the shard of one named
+    # stage (`stage_shard(layout, stage)`), that stage's index: its own groups alone are looked at; () for a whole
+    # layout. Never in a plan file (`to_dict`): derived from the degrees each time a shard is made.
     stage_place: tuple[int, ...] = field(default=(), repr=False)
     # the model is a mixture of experts: only the label reads it (`label`: "ep1" where TP > 1 keeps the experts whole
     # on every TP rank, which a bare "tp2+sp" hid; an audit, 2026-12-02, found two such rows 1.67x apart looking
@@ -550,23 +551,87 @@ def stage_rank(layout: Layout, i: int) -> int:
 
 
 @lru_cache(maxsize=8192)
-def stage_shard(layout: Layout) -> Layout:
+def stage_shard(layout: Layout, stage: int | None = None) -> Layout:
     """What one GPU of a pipeline stage runs, the layout the micro-batch pipeline and the search price a stage's
     layers on: the layout without its pipeline, data parallelism and ZeRO (memoised: `dataclasses.replace`
     re-validates the layout, thousands of times a query). An expert-parallel layout's shard keeps where the
     whole layout's stages sit (``stage_place``): its expert groups fold over the stage's data-parallel ranks too,
     and a later stage's groups may cross a node boundary the first stage's do not (EP 16 over 64-GPU stages of a
-    72-GPU NVLink domain: stage 1's GPUs 64-79 span two domains), and so do its dense groups (`placed_gpus`)."""
+    72-GPU NVLink domain: stage 1's GPUs 64-79 span two domains), and so do its dense groups (`placed_gpus`).
+    ``stage`` None: every stage's groups are looked at (the worst of them prices every stage); a stage's index:
+    that stage's groups alone (`stage_shards`: each stage's ops ride its own groups' links)."""
     place = (layout.stage_stride * layout.dp, layout.stage_stride, replica_stride(layout), pp_stride(layout),
              layout.pp) if layout.pp > 1 or layout.dp > 1 else ()
+    if place and stage is not None:
+        if not 0 <= stage < layout.pp:
+            raise ValueError(f"stage {stage} is not a stage of a {layout.pp}-stage layout")
+        place = place + (stage,)
     return replace(layout, pp=1, vpp=1, dp=1, zero=0, stage_place=place)
 
 
 def placed_gpus(layout: Layout) -> int:
     """The GPUs a layout's tp x ulysses x cp blocks tile from rank 0, in either rank order (`group_spans_nodes`'s
     ``gpus``): the job's, a stage shard's whole layout's (``stage_place``): a later stage's CP group of 16 on a
-    72-GPU NVLink domain (ranks 64-79) crosses it where the first stage's do not."""
+    72-GPU NVLink domain (ranks 64-79) crosses it where the first stage's do not. (One named stage's shard looks
+    at its own stage's groups: `layout_group_spans`.)"""
     return layout.stage_place[0] * layout.stage_place[4] if layout.stage_place else layout.gpus
+
+
+def layout_group_spans(layout: Layout, size: int, stride: int, gpus_per_node: int) -> bool:
+    """Whether any group of ``size`` ranks ``stride`` apart inside the layout's tp x ulysses x cp blocks (TP,
+    Ulysses, CP) spans nodes: every group of the job (`group_spans_nodes` over `placed_gpus`), or, on the shard of
+    one named stage (`stage_shard(layout, stage)`), that stage's groups alone (its blocks in every replica: a block
+    larger than a node spans nodes, as `group_spans_nodes` has it)."""
+    place = layout.stage_place
+    if len(place) < 6:
+        return group_spans_nodes(size, stride, gpus_per_node, placed_gpus(layout))
+    if size <= 1 or size * stride > gpus_per_node:
+        return size > 1
+    return any(len(p) > 1 for p in _group_placements(size, stride, *place[:5], gpus_per_node, place[5]))
+
+
+def stage_groups_key(layout: Layout, gpus_per_node: int) -> tuple:
+    """What a (stage's) shard's collectives read of where its groups sit, and nothing else: whether its TP,
+    Ulysses and CP groups span nodes (`layout_group_spans`) and how its Ulysses and expert groups (EP, ETP, the
+    two together) sit on the nodes (`expert_group_placements`). Two shards with the same key price every layer op
+    alike (`stage_shards`)."""
+    tp, ul, cp = layout.tp, layout.ulysses, layout.cp
+    dense = tuple(layout_group_spans(layout, g, st, gpus_per_node) for g, st in ((tp, 1), (ul, tp), (cp, tp * ul)))
+    groups = [(ul, tp)] + ([(layout.ep, layout.etp), (layout.etp, 1), (layout.etp * layout.ep, 1)]
+                           if layout.ep * layout.etp > 1 else [])
+    return dense + tuple(expert_group_placements(layout, g, st, gpus_per_node) if g > 1 else () for g, st in groups)
+
+
+@lru_cache(maxsize=4096)
+def stage_shards(layout: Layout, gpus_per_node: int) -> tuple[Layout, ...]:
+    """Each pipeline stage's shard, the layout its layers are priced on: ``stage_shard(layout)`` for every stage
+    where every stage's groups sit alike (so such a layout prices exactly as before stages had their own), else
+    each stage the shard of its own stage (`stage_shard(layout, stage)`), one shard object per distinct
+    placement (`stage_groups_key`), named by its first stage: a review (2026-12-03) found the first four of five
+    16-GPU stages of EP 16 on 72-GPU NVLink domains, inside rack 0, waiting 850 ms a step on a dispatch priced
+    across racks because stage 4's GPUs 64-79 straddle one. The stages' placements repeat every
+    ``gpus_per_node / gcd(ranks between stages, gpus_per_node)`` stages: that many are looked at."""
+    whole = stage_shard(layout)
+    if layout.pp <= 1:
+        return (whole,)
+    period = min(layout.pp, gpus_per_node // math.gcd(pp_stride(layout), gpus_per_node))
+    keys = [stage_groups_key(stage_shard(layout, s), gpus_per_node) for s in range(period)]
+    if all(k == keys[0] for k in keys):
+        return (whole,) * layout.pp
+    firsts: dict[tuple, Layout] = {}
+    for s, k in enumerate(keys):
+        if k not in firsts:
+            firsts[k] = stage_shard(layout, s)
+    return tuple(firsts[keys[s % period]] for s in range(layout.pp))
+
+
+def distinct_shards(shards: tuple[Layout, ...]) -> list[Layout]:
+    """The distinct shards of `stage_shards`, in stage order (each stage's layers are priced once per shard)."""
+    out: list[Layout] = []
+    for sh in shards:
+        if not any(sh is o for o in out):
+            out.append(sh)
+    return out
 
 
 def expert_group_ranks(layout: Layout, size: int, stride: int) -> list[int]:
@@ -583,20 +648,21 @@ def expert_group_placements(layout: Layout, size: int, stride: int, gpus_per_nod
     across a boundary). What depends on where a group sits (its link, its all-to-all's inter-node share) is priced
     by the worst of them: a collective's step waits for its slowest group. Memoised on the degrees; only the groups
     of one period of the placements are looked at (module ``_group_placements``)."""
-    if layout.stage_place:  # a stage's shard: its whole layout's groups
-        return _group_placements(size, stride, *layout.stage_place, gpus_per_node)
+    if layout.stage_place:  # a stage's shard: its whole layout's groups (one named stage's: that stage's alone)
+        return _group_placements(size, stride, *layout.stage_place[:5], gpus_per_node, *layout.stage_place[5:])
     return _group_placements(size, stride, layout.stage_stride * layout.dp, layout.stage_stride,
                              replica_stride(layout), pp_stride(layout), layout.pp, gpus_per_node)
 
 
 @lru_cache(maxsize=8192)
 def _group_placements(size: int, stride: int, stage_gpus: int, stage_stride: int, rep_stride: int,
-                      stage_step: int, pp: int, gpus_per_node: int) -> tuple[tuple[int, ...], ...]:
+                      stage_step: int, pp: int, gpus_per_node: int, stage: int = -1) -> tuple[tuple[int, ...], ...]:
     """`expert_group_placements` from the degrees: stage s's i-th GPU is rank s x ``stage_step`` + `stage_rank`
     (i), and the groups tile the stage's GPU order in blocks of size x stride. Moving a group on by t GPUs of the
     stage's order (a multiple of the block, and of a replica's ``stage_stride`` where the replicas are not
     consecutive) moves its ranks on by a fixed count, so the placements repeat once that count reaches a multiple
-    of the node; the stages' offsets repeat likewise: a million-GPU layout looks at a few nodes' groups."""
+    of the node; the stages' offsets repeat likewise: a million-GPU layout looks at a few nodes' groups. ``stage``
+    >= 0: that stage's groups alone."""
     node = gpus_per_node
     block = size * stride
     consecutive = rep_stride == stage_stride  # stage_rank(i) = i
@@ -604,7 +670,7 @@ def _group_placements(size: int, stride: int, stage_gpus: int, stage_stride: int
     shift = t if consecutive else t // stage_stride * rep_stride
     end = min(stage_gpus, t * (node // math.gcd(shift, node)))
     out: set[tuple[int, ...]] = set()
-    for s in range(min(pp, node // math.gcd(stage_step, node))):
+    for s in (range(min(pp, node // math.gcd(stage_step, node))) if stage < 0 else (stage,)):
         for first in range(0, end, block):
             for o in range(stride):
                 counts: dict[int, int] = {}

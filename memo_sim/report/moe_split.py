@@ -17,7 +17,7 @@ from memo_sim.cost.memory import model_state_parts
 from memo_sim.cost.moe import dispatcher_buffer_bytes
 from memo_sim.cost.opcost import base_op_name
 from memo_sim.cost.sppo import stage_model_state_bytes
-from memo_sim.layout.parallel import Layout, stage_shard
+from memo_sim.layout.parallel import Layout, stage_shard, stage_shards
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import layer_tensors
 from memo_sim.profile.schema import HardwareProfile
@@ -54,12 +54,17 @@ class MoeSplit:
     time_s: dict[str, dict[str, float]]  # phase (forward, backward) -> part -> seconds of one layer
     memory_bytes: dict[str, float]  # dense / expert states, dispatch buffers, one layer's saved expert / other activations
     states_of: str = ""  # a pipeline's: whose GPU the states are ("stage 7, the fullest of 8"), '' for one stage
+    # a pipeline whose stages' groups sit differently: whose layer the times are ("stage 0"); '' where every stage's
+    # layer is priced alike
+    layer_of: str = ""
 
 
 def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> MoeSplit:
-    """One MoE layer's time by part (each op's own seconds, alone on the GPU; a pipeline's layer on the stage's
-    shard the simulation prices it on, `memo_sim.layout.parallel.stage_shard`) and one GPU's memory by part."""
-    priced = stage_shard(layout) if layout.pp > 1 else layout
+    """One MoE layer's time by part (each op's own seconds, alone on the GPU; a pipeline's layer on stage 0's
+    shard, the one the simulation prices stage 0's layers on, `memo_sim.layout.parallel.stage_shards`: where the
+    stages' groups sit differently, stage 0's own, not the worst stage's) and one GPU's memory by part."""
+    priced = stage_shards(layout, profile.node_gpus)[0] if layout.pp > 1 else layout
+    own = layout.pp > 1 and priced != stage_shard(layout)  # stage 0's groups sit apart from another stage's
     time_s = {}
     for phase, costs in (("forward", forward_costs(model, priced, batch, seq, profile)),
                          ("backward", backward_costs(model, priced, batch, seq, profile))):
@@ -73,7 +78,7 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
         states = stage_model_state_bytes(model, layout, stage)
         expert_states = stage_model_state_bytes(model, layout, stage, experts_only=True)
         of = f"stage {stage}, the fullest of {layout.pp}"
-        where = f"; states of {of}"
+        where = f"; a layer of stage 0, states of {of}" if own else f"; states of {of}"
     else:
         states = sum(model_state_parts(model, layout).values())
         expert_states = sum(model_state_parts(model, layout, experts_only=True).values())  # each part its own share
@@ -90,7 +95,8 @@ def moe_split(model: ModelConfig, layout: Layout, batch: int, seq: int, profile:
               "other activations (one layer)": other}
     method = (profile.provenance or {}).get("method") or "source unstated"
     prof = f"{profile.name}, " + ("calibrated" if profile.calibrated else f"not calibrated ({method})")
-    return MoeSplit(f"{model.name} {layout.label()}, {seq} tokens x {batch} ({prof}{where})", time_s, memory, of)
+    return MoeSplit(f"{model.name} {layout.label()}, {seq} tokens x {batch} ({prof}{where})", time_s, memory, of,
+                    "stage 0" if own else "")
 
 
 def moe_split_rows(split: MoeSplit) -> list[list[str]]:

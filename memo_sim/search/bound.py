@@ -34,6 +34,7 @@ from memo_sim.cost.memo import memoised
 from memo_sim.cost.layer_time import critical_time
 from memo_sim.cost.sppo import stage_layer_counts, stage_optimizer_time
 from memo_sim.errors import MemoError
+from memo_sim.layout.parallel import distinct_shards, stage_shards
 from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
 from memo_sim.model.flops import tgs
@@ -92,19 +93,21 @@ def pipeline_bound(c) -> float:
 def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, seq: int, profile) -> float:
     """`pipeline_bound` of a micro-batch pipeline candidate; ``policy`` None: its recompute left
     out, a bound for every policy of the layout, batch split and schedule at once (a policy
-    adds recompute chains, never removes an op: `pipeline_family_tgs_bound`)."""
+    adds recompute chains, never removes an op: `pipeline_family_tgs_bound`). Each rank's units, and micro-batch
+    0's way through the ranks before it, at that rank's own layer times (`memo_sim.layout.parallel.stage_shards`:
+    the shard the micro-batch pipeline prices the rank's layers on, `PipelineCosts.stage_phases`; one shard for
+    every rank where every stage's groups sit alike)."""
     p = lay.pp
     mb = micro_batch
     m = batch // mb
     shard = stage_shard(lay)
-    if policy is None:
-        f, b = _forward_backward_times(model, shard, mb, seq, profile)
-        r = 0.0
-    else:
-        f, b, r = _phase_times(model, shard, mb, seq, policy, profile)
+    shards = stage_shards(lay, profile.node_gpus)
     # a policy that re-runs whole layers re-runs the multi-token-prediction modules too; None: left out as recompute is
     bt = boundary_times(model, shard, mb, seq, profile,
                         recompute_mtp=policy is not None and policy.recomputes_mtp)
+    # the head on the last rank's own shard, as the micro-batch pipeline prices it (`pipeline_costs`)
+    classifier = boundary_times(model, shards[-1], mb, seq, profile,
+                                recompute_mtp=policy is not None and policy.recomputes_mtp).classifier
     opt0 = stage_optimizer_time(model, lay, 0, profile)
     # rank s cannot start before micro-batch 0 has run forward through virtual stages 0 .. s-1 (chunk 0 of
     # ranks 0 .. s-1), then runs its own units, then micro-batch 0's backward returns through them
@@ -113,27 +116,38 @@ def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, s
     # each layer's forward, backward and recompute: its attention kind's where those differ (the chains the
     # micro-batch pipeline emits per layer, `memo_sim.engine.schedules.microbatch.PipelineCosts.phases_of`)
     kinds = layer_kinds(model)
-    times = {k: _phase_times(kind_model(model, k), shard, mb, seq, policy, profile) if policy is not None
-             else (*_forward_backward_times(kind_model(model, k), shard, mb, seq, profile), 0.0)
-             for k in distinct_kinds(model)}
 
-    def fbr(i: int) -> tuple[float, float, float]:
-        return times[kinds[i]] if kinds else (f, b, r)
+    def shard_times(sh) -> tuple:  # (r, the least r, forward, backward and both per layer) on one shard
+        if policy is None:
+            f, b = _forward_backward_times(model, sh, mb, seq, profile)
+            r = 0.0
+        else:
+            f, b, r = _phase_times(model, sh, mb, seq, policy, profile)
+        times = {k: _phase_times(kind_model(model, k), sh, mb, seq, policy, profile) if policy is not None
+                 else (*_forward_backward_times(kind_model(model, k), sh, mb, seq, profile), 0.0)
+                 for k in distinct_kinds(model)}
 
-    r_least = min((t[2] for t in times.values()), default=r)  # the recomputed units' count, not which: the least
-    # per layer once (a family's ranks each walked every layer before them: O(pp x layers) calls a family, 5.2 of a
-    # 15 s cluster-scale what-if, 2026-12-02); the sums keep their order, so every bound is the same to the bit
-    per_layer = [fbr(i) for i in range(model.layers)]
-    fwd, bwd = [t[0] for t in per_layer], [t[1] for t in per_layer]
-    both = [sum(t[:2]) for t in per_layer]
+        def fbr(i: int) -> tuple[float, float, float]:
+            return times[kinds[i]] if kinds else (f, b, r)
+
+        r_least = min((t[2] for t in times.values()), default=r)  # the recomputed units' count, not which: the least
+        # per layer once (a family's ranks each walked every layer before them: O(pp x layers) calls a family, 5.2 of
+        # a 15 s cluster-scale what-if, 2026-12-02); the sums keep their order, so every bound is the same to the bit
+        per_layer = [fbr(i) for i in range(model.layers)]
+        return r, r_least, [t[0] for t in per_layer], [t[1] for t in per_layer], [sum(t[:2]) for t in per_layer]
+
+    own_times = [(sh, shard_times(sh)) for sh in distinct_shards(shards)]
+    of = [next(t for o, t in own_times if o is sh) for sh in shards]  # each rank's shard's times
     ahead_f = ahead_b = 0  # micro-batch 0's forward and backward through virtual stages 0 .. s-1, summed in order
     best = 0.0
     for s in range(p):
+        r, r_least, _fwd, _bwd, both = of[s]
+        fwd, bwd = of[s - 1][2], of[s - 1][3]  # virtual stage s-1 is rank s-1's chunk 0
         n_f = m * counts[s]  # forward units of the rank
         recomputed = policy.recomputed_count(n_f) if r > 0 else 0
         # the rank's layers over its chunks (chunk c is virtual stage c x pp + s: `stage_layer_indices`)
         own = m * sum(both[i] for c in range(lay.vpp) for i in vr[c * p + s]) + recomputed * r_least
-        own += m * (bt.embedding if s == 0 else 0.0) + m * (bt.classifier if s == p - 1 else 0.0)
+        own += m * (bt.embedding if s == 0 else 0.0) + m * (classifier if s == p - 1 else 0.0)
         if s:
             for i in vr[s - 1]:
                 ahead_f += fwd[i]

@@ -30,7 +30,7 @@ from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time
 from memo_sim.cost.sppo import stage_split_key
-from memo_sim.layout.parallel import Layout, stage_shard
+from memo_sim.layout.parallel import Layout, distinct_shards, stage_shard, stage_shards
 from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.model.attention_kinds import distinct_kinds, kind_model, kinds_of
 from memo_sim.model.config import ModelConfig
@@ -239,14 +239,19 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     its last chunk's buckets, sent after that chunk's backward; with ``grad_overlap``
     off: the slowest stage's reduction of all its gradients at once), ZeRO-1's exposed
     weight gathers (each layer's first forward), the end stages' sum of a shared embedding's gradient
-    and the slowest stage's optimizer step."""
+    and the slowest stage's optimizer step. Each stage's layers are priced on its own shard
+    (`memo_sim.layout.parallel.stage_shards`: where its groups sit; one shard for every stage where they sit
+    alike), the per-layer terms (gathers, exposed copies) at the worst shard's."""
     from memo_sim.cost.sppo import stage_grad_sync, stage_layer_counts, stage_layer_indices
 
     p, v = layout.pp, layout.vpp
     m = batch // micro_batch
     shard = stage_shard(layout)
     active = active_gpus_per_node(layout, profile)
-    lt = _layer_times(model, shard, micro_batch, seq, policy, profile, active)
+    shards = stage_shards(layout, profile.node_gpus)
+    own = distinct_shards(shards)  # [shard] where every stage's groups sit alike
+    lts = [_layer_times(model, sh, micro_batch, seq, policy, profile, active) for sh in own]
+    lt = lts[0]  # stage 0's
     per_stage = stage_layer_counts(model, layout)
     per = max(per_stage)  # the fullest stage's layers: its weight gathers and exposed copies per micro-batch
     recomputes = policy.recomputes_layer(0, model.layers)
@@ -256,13 +261,17 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
         f_unit = max(t.forward, t.offload) if policy.offloads else t.forward
         return f_unit + (max(t.backward + r, t.prefetch) if policy.offloads else t.backward + r)
 
-    # a stage's layers at their attention kinds' times where those differ (`memo_sim.model.attention_kinds`)
-    by_kind = {k: units(_layer_times(kind_model(model, k), shard, micro_batch, seq, policy, profile, active))
-               for k in distinct_kinds(model)}
-    layers_work = [sum(n * by_kind[k] for k, n in kinds_of(model, stage_layer_indices(model, layout, s)).items())
-                   if by_kind else per_stage[s] * units(lt) for s in range(p)]
-    r = lt.recompute if recomputes else 0.0
+    # a stage's layers at their attention kinds' times where those differ (`memo_sim.model.attention_kinds`), on its
+    # own shard
+    by_kinds = [{k: units(_layer_times(kind_model(model, k), sh, micro_batch, seq, policy, profile, active))
+                 for k in distinct_kinds(model)} for sh in own]
+    at = [next(i for i, o in enumerate(own) if o is sh) for sh in shards]  # each stage's shard in ``own``
+    layers_work = [sum(n * by_kinds[at[s]][k] for k, n in kinds_of(model, stage_layer_indices(model, layout, s)).items())
+                   if by_kinds[at[s]] else per_stage[s] * units(lts[at[s]]) for s in range(p)]
     bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
+    if shards[-1] != shard:  # the head on the last stage's own shard (`microbatch.pipeline_costs`)
+        bt = replace(bt, classifier=boundary_times(model, shards[-1], micro_batch, seq, profile,
+                                                   recompute_mtp=policy.recomputes_mtp).classifier)
     work = [layers_work[s] + (bt.embedding if s == 0 else 0.0) + (bt.classifier if s == p - 1 else 0.0)
             for s in range(p)]
     hops, serial, opt = _stage_terms(model, layout, micro_batch, seq, profile)
@@ -277,12 +286,16 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     else:
         last = 1
     sync_exposed = last * sync.layer_grad if sync.overlapped else serial
-    # each layer's gather beside the forward unit before it (as long as its offload where that is longer)
-    f_unit = max(lt.forward, lt.offload) if policy.offloads else lt.forward
-    gathers = (per * max(0.0, sync.layer_gather - f_unit) + max(0.0, sync.mtp_gather - lt.forward)
-               + sync.embedding_gather + max(0.0, sync.head_gather - lt.forward))  # the end stages' units, as above
-    exposed = m * per * (max(0.0, lt.offload - lt.forward) + max(0.0, lt.prefetch - lt.backward - r)) \
-        if policy.offloads else 0.0
+    # each layer's gather beside the forward unit before it (as long as its offload where that is longer); where
+    # the stages' shards differ, the shard that hides the least
+    gathers = exposed = 0.0
+    for t in lts:
+        r = t.recompute if recomputes else 0.0
+        f_unit = max(t.forward, t.offload) if policy.offloads else t.forward
+        gathers = max(gathers, per * max(0.0, sync.layer_gather - f_unit) + max(0.0, sync.mtp_gather - t.forward)
+                      + sync.embedding_gather + max(0.0, sync.head_gather - t.forward))  # the end stages' units
+        exposed = max(exposed, m * per * (max(0.0, t.offload - t.forward) + max(0.0, t.prefetch - t.backward - r))
+                      if policy.offloads else 0.0)
     # the end stages' sum of the embedding they share, after the last bucket (`memo_sim.cost.grad_sync`)
     sync_exposed += sync.shared_embedding
     total = pipe + sync_exposed + gathers + opt

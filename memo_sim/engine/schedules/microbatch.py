@@ -12,7 +12,10 @@ micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
   stage's forward.
 - **Per unit** (one layer of one micro-batch): the layer's forward, backward and the policy's
   recompute chains of `memo_sim.cost.layer_time` at the micro-batch's size (TP/SP, CP and Ulysses
-  collectives inside, as on a single stage), each phase holding one working block.
+  collectives inside, as on a single stage), each phase holding one working block. Each stage's
+  chains ride its own groups' links (`memo_sim.layout.parallel.stage_shards`: where a stage's expert,
+  CP, TP or Ulysses groups sit inside a node and another stage's cross one, the first is priced on
+  NVLink, the second on the inter-node link; the chains are priced once per distinct placement).
 - **P2P.** A forward step's output goes to the next virtual stage's rank as a ``send_fwd`` op on
   the sender's ``p2p`` stream (the activation of its SP shard, `memo_sim.cost.sppo.p2p_bytes`),
   a backward step's input gradient to the previous one as ``send_bwd``; over NVLink where both
@@ -92,7 +95,9 @@ from memo_sim.engine.schedules.single_stage import emit_chain, layer_plan
 from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, shared_embedding_sums, stage_devices
 from memo_sim.errors import MemoError
 from memo_sim.layout.alloc_conf import gpu_limit_bytes
-from memo_sim.layout.parallel import Layout, stage_shard, stages_cross_nodes
+from memo_sim.layout.parallel import (
+    Layout, distinct_shards, stage_groups_key, stage_shard, stage_shards, stages_cross_nodes,
+)
 from memo_sim.layout.schedule import ideal_bubble_fraction
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
@@ -224,6 +229,18 @@ def check_order(order: list[Step], micro_batches: int, vpp: int) -> None:
 
 
 @dataclass(frozen=True)
+class StagePhases:
+    """One stage shard's (`memo_sim.layout.parallel.stage_shards`) layer op lists, where the stages' groups sit
+    differently: its forward, backward and recompute, and each attention kind's (`PipelineCosts.kind_phases`)."""
+
+    shard: Layout
+    forward: list[OpCost]
+    backward: list[OpCost]
+    recompute: list[OpCost]
+    kind_phases: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PipelineCosts:
     """What one unit (a layer of one micro-batch) and the stages' boundaries cost: from the model
     (`pipeline_costs`) or, in tests, a toy."""
@@ -254,9 +271,22 @@ class PipelineCosts:
     kind_phases: dict = field(default_factory=dict)
     # each layer phase's working block where they differ (`MemoryBreakdown.phase_working_bytes`; {}: working_bytes)
     working_by_phase: dict = field(default_factory=dict)
+    # where the stages' groups sit differently (`memo_sim.layout.parallel.stage_shards`): per stage, its own shard's
+    # op lists (one `StagePhases` object for the stages of one placement), or None where the lists above (priced on
+    # ``stage_shard(layout)``, every stage's groups looked at) are its own; (): every stage prices the lists above
+    stage_phases: tuple = ()
 
-    def phases_of(self, layer: int) -> tuple[list[OpCost], list[OpCost], list[OpCost]]:
-        """(forward, backward, recompute) of model layer ``layer``: its kind's, or the repeated layer's."""
+    def of_stage(self, stage: int | None) -> StagePhases | None:
+        """Stage ``stage``'s own op lists where they are not the lists above (None: they are)."""
+        return self.stage_phases[stage] if stage is not None and self.stage_phases else None
+
+    def phases_of(self, layer: int, stage: int | None = None) -> tuple[list[OpCost], list[OpCost], list[OpCost]]:
+        """(forward, backward, recompute) of model layer ``layer``: its kind's, or the repeated layer's (on stage
+        ``stage``'s own shard where it has one)."""
+        own = self.of_stage(stage)
+        if own is not None:
+            return own.kind_phases[self.layer_kinds[layer]] if self.layer_kinds else (own.forward, own.backward,
+                                                                                       own.recompute)
         if self.layer_kinds:
             return self.kind_phases[self.layer_kinds[layer]]
         return self.forward, self.backward, self.recompute
@@ -277,15 +307,33 @@ def kind_phases(model: ModelConfig, shard: Layout, micro_batch: int, seq: int, p
 def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, policy: Policy,
                    profile: HardwareProfile) -> PipelineCosts:
     """The costs of one unit at ``micro_batch`` sequences, from the same functions the single
-    stage uses (`layer_plan`, `memo_sim.cost.boundary`, `memo_sim.cost.sppo`'s per-stage terms)."""
+    stage uses (`layer_plan`, `memo_sim.cost.boundary`, `memo_sim.cost.sppo`'s per-stage terms). Where the
+    stages' groups sit differently (`memo_sim.layout.parallel.stage_shards`), each distinct stage shard's layer
+    op lists too (`PipelineCosts.stage_phases`), over the same memory terms (where a group sits moves no byte)."""
     shard = stage_shard(layout)
     mem = memory_breakdown(model, shard, micro_batch, seq, policy, profile)
     lp = layer_plan(model, shard, micro_batch, seq, policy, profile, mem)
+    stage_phases: tuple = ()
+    shards = stage_shards(layout, profile.node_gpus)
+    if any(sh != shard for sh in shards):
+        whole_key = stage_groups_key(shard, profile.node_gpus)
+        own: dict[int, StagePhases | None] = {}
+        for sh in distinct_shards(shards):
+            if stage_groups_key(sh, profile.node_gpus) == whole_key:  # prices as the lists above
+                own[id(sh)] = None
+                continue
+            slp = layer_plan(model, sh, micro_batch, seq, policy, profile, mem)
+            own[id(sh)] = StagePhases(sh, slp.forward, slp.backward, slp.recompute,
+                                      kind_phases(model, sh, micro_batch, seq, policy, profile, mem))
+        stage_phases = tuple(own[id(sh)] for sh in shards)
     bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
+    # the head (and the multi-token-prediction modules) on the last stage's own shard
+    classifier = boundary_times(model, shards[-1], micro_batch, seq, profile,
+                                recompute_mtp=policy.recomputes_mtp).classifier
     secs = {link: p2p_link_time(model, layout, micro_batch, seq, profile, link) for link in ("nvlink", "internode")}
     return PipelineCosts(
         lp.forward, lp.backward, lp.recompute,
-        bt.embedding_fwd, bt.embedding_bwd, bt.classifier,
+        bt.embedding_fwd, bt.embedding_bwd, classifier,
         tuple(stage_optimizer_time(model, layout, s, profile) for s in range(layout.pp)),
         tuple(stage_model_state_bytes(model, layout, s) for s in range(layout.pp)),
         dict(lp.skeletal), lp.working_bytes, mem.classifier_peak_bytes, lp.offload_bytes, lp.host_block_bytes,
@@ -293,7 +341,7 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
         tuple(stage_serial_grad_reduce(model, layout, profile, s) for s in range(layout.pp)),
         mtp_activation_bytes(model, shard, micro_batch, seq, policy.recomputes_mtp),
         layer_kinds(model), kind_phases(model, shard, micro_batch, seq, policy, profile, mem),
-        {ph: mem.phase_working_bytes(ph) for ph in ("fwd", "bwd", "recompute")})
+        {ph: mem.phase_working_bytes(ph) for ph in ("fwd", "bwd", "recompute")}, stage_phases)
 
 
 @dataclass
@@ -375,7 +423,7 @@ class _MicrobatchBuilder:
             raise MemoError(f"detail must be ops, units or auto, got {detail!r}")
         shard = stage_shard(layout)  # the layout the chains are emitted on (their links)
 
-        def lists(fwd, bwd, rec) -> dict:  # a layer's op lists by phase, collapsed to one op each for ``units``
+        def lists(fwd, bwd, rec, shard=shard) -> dict:  # a layer's op lists by phase, one op each for ``units``
             if detail == "units":
                 fwd, bwd = collapse_unit(fwd, "fwd", shard, profile), collapse_unit(bwd, "bwd", shard, profile)
                 rec = collapse_unit(rec, "recompute", shard, profile) if rec else rec
@@ -388,7 +436,21 @@ class _MicrobatchBuilder:
         # layers whose attention differs (`PipelineCosts.layer_kinds`): each kind's lists
         self.kind_lists = {k: lists(*ph) for k, ph in costs.kind_phases.items()}
         self.rec = self.base["recompute"]
-        self.shard = stage_shard(layout)
+        self.shard = shard
+        # each stage's (base lists, kind lists, shard): its own shard's where its groups sit apart
+        # (`PipelineCosts.stage_phases`), made once per distinct shard; index 0 the lists above
+        self.stage_sets: list[tuple[dict, dict, Layout]] = [(self.base, self.kind_lists, shard)]
+        self.stage_set = [0] * p
+        made: dict[int, int] = {}
+        for s_ in range(p):
+            own = costs.of_stage(s_) if len(costs.stage_phases) == p else None
+            if own is None:
+                continue
+            if id(own) not in made:
+                made[id(own)] = len(self.stage_sets)
+                self.stage_sets.append((lists(own.forward, own.backward, own.recompute, own.shard),
+                                        {k: lists(*ph, own.shard) for k, ph in own.kind_phases.items()}, own.shard))
+            self.stage_set[s_] = made[id(own)]
         self.g = g = OpGraph(devices)
         self.sched = MicrobatchSchedule(g, devices, orders, costs, lc, detail=detail,
                                         ranges=ranges if layout.uneven else ())
@@ -420,14 +482,22 @@ class _MicrobatchBuilder:
         self.finish()
         return self.sched
 
-    def phase_costs(self, phase: str, mb: int, layer: int) -> list[OpCost]:
-        """Model layer ``layer``'s ops of ``phase`` for micro-batch ``mb`` (its attention kind's where they differ)."""
+    def phase_costs(self, phase: str, mb: int, layer: int, stage: int = 0) -> list[OpCost]:
+        """Model layer ``layer``'s ops of ``phase`` for micro-batch ``mb`` on stage ``stage`` (its attention kind's
+        where they differ, its own shard's where its groups sit apart from another stage's)."""
         kind = self.costs.layer_kinds[layer] if self.costs.layer_kinds else None
-        hit = self.tagged.get((phase, mb, kind))
+        k = self.stage_set[stage]
+        key = (phase, mb, kind) if k == 0 else (phase, mb, kind, k)  # the single set's keys as they were
+        hit = self.tagged.get(key)
         if hit is None:
-            base = (self.base if kind is None else self.kind_lists[kind])[phase]
-            hit = self.tagged[(phase, mb, kind)] = [replace(c, name=mb_name(c.name, mb)) for c in base]
+            base_lists, kind_lists, _shard = self.stage_sets[k]
+            base = (base_lists if kind is None else kind_lists[kind])[phase]
+            hit = self.tagged[key] = [replace(c, name=mb_name(c.name, mb)) for c in base]
         return hit
+
+    def shard_of(self, stage: int) -> Layout:
+        """The shard stage ``stage``'s chains are emitted on (their links)."""
+        return self.stage_sets[self.stage_set[stage]][2]
 
     def link(self, a: int, b: int) -> str:
         return "internode" if stages_cross_nodes(self.layout, a, b, self.profile.node_gpus) else "nvlink"
@@ -526,9 +596,9 @@ class _MicrobatchBuilder:
             start = held(st.mb, layer, self.kept) + (
                 (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), slot),) if slot else ())
             w = output_write_waits_for(u, n_f) if slot else None
-            ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb, layer), device=d, layer=layer, phase="fwd",
+            ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb, layer, s), device=d, layer=layer, phase="fwd",
                                    deps=deps,
-                                   layout=self.shard, profile=self.profile,
+                                   layout=self.shard_of(s), profile=self.profile,
                                    mem_start=start + (working(st.mb, layer, "fwd"),),
                                    mem_end=(working(st.mb, layer, "fwd", -1.0),),
                                    last_deps=[r.offload[w]] if w in r.offload else [])
@@ -573,7 +643,8 @@ class _MicrobatchBuilder:
 
     def backward_step(self, s: int, st: Step) -> None:
         g, sched, costs, sync, p, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.n_f_of[s]
-        slot, held, working, rec, rec_alloc = self.slot, self.held, self.working, self.rec, self.rec_alloc
+        slot, held, working, rec_alloc = self.slot, self.held, self.working, self.rec_alloc
+        rec = self.stage_sets[self.stage_set[s]][0]["recompute"]
         r, d = self.ranks[s], self.devices[s].index
         vs = st.chunk * p + s
         rg = self.ranges[vs]
@@ -599,17 +670,17 @@ class _MicrobatchBuilder:
                 sched.copies[(s, st.mb, layer, "prefetch")] = pf
                 deps = deps + [pf]
             if rec and self.policy.recomputes_layer(u, n_f):
-                ops, tail = emit_chain(g, self.phase_costs("recompute", st.mb, layer), device=d, layer=layer,
-                                       phase="recompute", deps=deps, layout=self.shard, profile=self.profile,
+                ops, tail = emit_chain(g, self.phase_costs("recompute", st.mb, layer, s), device=d, layer=layer,
+                                       phase="recompute", deps=deps, layout=self.shard_of(s), profile=self.profile,
                                        mem_start=held(st.mb, layer, rec_alloc) + (working(st.mb, layer, "recompute"),),
                                        mem_end=(working(st.mb, layer, "recompute", -1.0),))
                 sched.phases[(s, st.mb, layer, "recompute")] = ops
                 deps = tail
             freed = held(st.mb, layer, rec_alloc + self.kept, -1.0) + (
                 (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), -slot),) if slot else ())
-            ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb, layer), device=d, layer=layer, phase="bwd",
+            ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb, layer, s), device=d, layer=layer, phase="bwd",
                                    deps=deps,
-                                   layout=self.shard, profile=self.profile, mem_start=(working(st.mb, layer, "bwd"),),
+                                   layout=self.shard_of(s), profile=self.profile, mem_start=(working(st.mb, layer, "bwd"),),
                                    mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
             sched.phases[(s, st.mb, layer, "bwd")] = ops
             r.bwd_end[u] = tail
