@@ -97,3 +97,22 @@ def test_torchao_tp_styles_cast_the_gathered_operands_on_the_shard_and_gather_th
     assert bwd0["out_proj"].seconds - bwd["out_proj"].seconds == pytest.approx(saved_b, rel=1e-9)
     # a column-parallel GEMM's backward (its output gradient is local) is unchanged
     assert bwd["qkv"].seconds == pytest.approx(bwd0["qkv"].seconds, rel=1e-12)
+
+
+def test_a_gemm_fed_by_a_collective_and_draining_into_its_own_is_paired_once():
+    """A GEMM both fed by an all-gather and followed by its own reduce-scatter (none of today's layer graphs has one)
+    is paired with the first and leaves the second on the critical path: its chunks priced once (a review: the check
+    for 'already paired' read the pair's first op, which the per-use weight cast now is)."""
+    from memo_sim.cost.layer_time import _ops_with_comm
+    from memo_sim.model.layer_graph import OpSpec
+
+    h = BASE.hidden
+    ops = [OpSpec("ln1", "norm", ("x",), ("ln1",), tp_comm_after="gather"),
+           OpSpec("qkv", "gemm", ("ln1",), ("q",), gemm=(h, h), tp_comm_after="reduce", scope="tp")]
+    for model in (BASE, PER_USE):
+        sync = _ops_with_comm(ops, model, Layout(tp=8, sp=True), 1, 8192, H100, "fwd")
+        asyn = _ops_with_comm(ops, model, Layout(tp=8, sp=True, tp_mode="async_tp"), 1, 8192, H100, "fwd")
+        assert sum(c.flops for c in asyn if c.kind == "gemm") == pytest.approx(sum(c.flops for c in sync
+                                                                                   if c.kind == "gemm"))
+        assert [c.name for c in asyn if c.stream == "comm"] == ["allgather_ln1", "reducescatter_qkv"]
+        assert len([c for c in asyn if c.name.endswith("_weight_cast")]) == (model is PER_USE)

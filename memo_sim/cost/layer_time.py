@@ -372,7 +372,7 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
     # does SP's re-gather of a GEMM's input (it feeds the weight-gradient matmul on its contracted dimension)
     asyn = flavour.async_collectives and layout.tp > 1
     feeds: OpCost | None = None  # a collective waiting for the next GEMM (async TP)
-    gemm_at: tuple[int, OpSpec] | None = None  # where the last GEMM's ops start in ``out`` (async TP)
+    gemm_at: tuple[int, OpSpec] | None = None  # where the last unpaired GEMM's op lies in ``out`` (async TP)
     for k, op in enumerate(ops):
         group = flavour.group_of(op.name)
         if group is not None:
@@ -394,11 +394,11 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         if phase == "bwd" and op.name not in free:
             out += _sp_regather(op, model, layout, batch, seq, profile)
         if asyn and op.kind == "gemm" and op.scope == "tp":
-            gemm_at = (len(out), op)
-            if feeds is not None:
+            if feeds is not None:  # paired with the collective that feeds it (its own collective, if any, apart)
                 out += _async_pair(feeds, op, model, layout, batch, seq, profile, phase, fraction)
-                feeds = None
+                feeds, gemm_at = None, None
             else:
+                gemm_at = (len(out), op)
                 out.append(_compute_cost(op, model, layout, batch, seq, profile, phase, fraction))
         else:
             if feeds is not None:  # no GEMM right after it: the collective on the critical path
@@ -419,7 +419,7 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
             continue
         if not asyn:
             out.append(c)
-        elif gemm_at is not None and op.kind == "gemm" and gemm_at[1] is op and out[gemm_at[0]].overlaps == 0:
+        elif gemm_at is not None and op.kind == "gemm" and gemm_at[1] is op:  # not yet paired (above)
             # the GEMM's own collective (forward: the row-parallel GEMM's reduce-scatter; backward: the
             # all-gather of its output gradient)
             i, g = gemm_at

@@ -106,8 +106,8 @@ def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, s
     bt = boundary_times(model, shard, mb, seq, profile,
                         recompute_mtp=policy is not None and policy.recomputes_mtp)
     # the head on the last rank's own shard, as the micro-batch pipeline prices it (`pipeline_costs`)
-    classifier = boundary_times(model, shards[-1], mb, seq, profile,
-                                recompute_mtp=policy is not None and policy.recomputes_mtp).classifier
+    classifier = bt.classifier if shards[-1] is shard else boundary_times(
+        model, shards[-1], mb, seq, profile, recompute_mtp=policy is not None and policy.recomputes_mtp).classifier
     opt0 = stage_optimizer_time(model, lay, 0, profile)
     # rank s cannot start before micro-batch 0 has run forward through virtual stages 0 .. s-1 (chunk 0 of
     # ranks 0 .. s-1), then runs its own units, then micro-batch 0's backward returns through them

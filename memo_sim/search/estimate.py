@@ -269,7 +269,7 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     layers_work = [sum(n * by_kinds[at[s]][k] for k, n in kinds_of(model, stage_layer_indices(model, layout, s)).items())
                    if by_kinds[at[s]] else per_stage[s] * units(lts[at[s]]) for s in range(p)]
     bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
-    if shards[-1] != shard:  # the head on the last stage's own shard (`microbatch.pipeline_costs`)
+    if shards[-1] is not shard:  # the head on the last stage's own shard (`microbatch.pipeline_costs`)
         bt = replace(bt, classifier=boundary_times(model, shards[-1], micro_batch, seq, profile,
                                                    recompute_mtp=policy.recomputes_mtp).classifier)
     work = [layers_work[s] + (bt.embedding if s == 0 else 0.0) + (bt.classifier if s == p - 1 else 0.0)

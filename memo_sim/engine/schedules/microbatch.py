@@ -315,7 +315,7 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
     lp = layer_plan(model, shard, micro_batch, seq, policy, profile, mem)
     stage_phases: tuple = ()
     shards = stage_shards(layout, profile.node_gpus)
-    if any(sh != shard for sh in shards):
+    if any(sh is not shard for sh in shards):
         whole_key = stage_groups_key(shard, profile.node_gpus)
         own: dict[int, StagePhases | None] = {}
         for sh in distinct_shards(shards):
@@ -328,8 +328,8 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
         stage_phases = tuple(own[id(sh)] for sh in shards)
     bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
     # the head (and the multi-token-prediction modules) on the last stage's own shard
-    classifier = boundary_times(model, shards[-1], micro_batch, seq, profile,
-                                recompute_mtp=policy.recomputes_mtp).classifier
+    classifier = bt.classifier if shards[-1] is shard else boundary_times(
+        model, shards[-1], micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp).classifier
     secs = {link: p2p_link_time(model, layout, micro_batch, seq, profile, link) for link in ("nvlink", "internode")}
     return PipelineCosts(
         lp.forward, lp.backward, lp.recompute,
