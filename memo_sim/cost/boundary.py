@@ -80,6 +80,19 @@ def boundary_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     return BoundaryTimes(emb, cls + mtp, optim, mtp)
 
 
+def pipeline_boundary_times(model: ModelConfig, shard: Layout, last_shard: Layout, batch: int, seq: int,
+                            profile: HardwareProfile, recompute_mtp: bool = False) -> BoundaryTimes:
+    """`boundary_times` of a pipeline's stages: on the stage shard ``shard`` (`memo_sim.layout.parallel.stage_shard`),
+    the head (and the multi-token-prediction modules) on the last stage's own shard ``last_shard``
+    (`memo_sim.layout.parallel.stage_shards`: where its groups sit apart from the other stages'). The one rule the
+    micro-batch pipeline, the analytic estimate and the proved bound price the head by."""
+    bt = boundary_times(model, shard, batch, seq, profile, recompute_mtp)
+    if last_shard is shard:
+        return bt
+    head = boundary_times(model, last_shard, batch, seq, profile, recompute_mtp)
+    return replace(bt, classifier=head.classifier, mtp=head.mtp)
+
+
 def mtp_seconds(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile,
                 head: float, recompute: bool = False) -> float:
     """The multi-token-prediction modules' forward and backward on one GPU (module docs): per module its layer

@@ -156,11 +156,10 @@ def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, s
         # forward: all-gather before a column-parallel gemm, reduce-scatter after a row-parallel one;
         # backward swaps them.
         gather = (op.tp_comm_after == "gather") == (phase != "bwd")
-        if gather and (phase != "bwd" or op.kind == "gemm") and model.fp8_sp_gathers and model.gemm.quantised:
-            # the quantised copy gathered, not the model-dtype tensor: forward, the column-parallel GEMM input
-            # (torchao's Float8ColwiseParallel and PrepareFloat8ModuleInput cast before they redistribute);
-            # backward, a row-parallel GEMM's output gradient (Float8RowwiseParallel's NoopFwToFloat8BwDynamic
-            # casts it to e5m2 before its redistribute's backward all-gathers it: `fp8_gather_shards`)
+        if gather and fp8_gather_shards(model, layout, op.tp_comm_after == "reduce", phase) > 1:
+            # the quantised copy gathered, not the model-dtype tensor (`fp8_gather_shards`, the one rule for
+            # which gathers carry it and where their casts run): forward, the column-parallel GEMM input after a
+            # norm; backward, a row-parallel GEMM's output gradient
             size = model.gemm.quantised_bytes(size / DTYPE_BYTES[model.dtype]) / max(1, model.gemm.copies)
         name = ("allgather" if gather else "reducescatter") + f"_{op.name}"
         t = coll.ring_allgather_time(size, layout.tp, *coll.link_params(link, "all_gather" if gather else "reduce_scatter"))

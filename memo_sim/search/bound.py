@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.boundary import boundary_times, pipeline_boundary_times
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.layer_time import critical_time
@@ -103,11 +103,9 @@ def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, s
     shard = stage_shard(lay)
     shards = stage_shards(lay, profile.node_gpus)
     # a policy that re-runs whole layers re-runs the multi-token-prediction modules too; None: left out as recompute is
-    bt = boundary_times(model, shard, mb, seq, profile,
-                        recompute_mtp=policy is not None and policy.recomputes_mtp)
-    # the head on the last rank's own shard, as the micro-batch pipeline prices it (`pipeline_costs`)
-    classifier = bt.classifier if shards[-1] is shard else boundary_times(
-        model, shards[-1], mb, seq, profile, recompute_mtp=policy is not None and policy.recomputes_mtp).classifier
+    # (the head on the last rank's own shard, as the micro-batch pipeline prices it)
+    bt = pipeline_boundary_times(model, shard, shards[-1], mb, seq, profile,
+                                 recompute_mtp=policy is not None and policy.recomputes_mtp)
     opt0 = stage_optimizer_time(model, lay, 0, profile)
     # rank s cannot start before micro-batch 0 has run forward through virtual stages 0 .. s-1 (chunk 0 of
     # ranks 0 .. s-1), then runs its own units, then micro-batch 0's backward returns through them
@@ -147,7 +145,7 @@ def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, s
         recomputed = policy.recomputed_count(n_f) if r > 0 else 0
         # the rank's layers over its chunks (chunk c is virtual stage c x pp + s: `stage_layer_indices`)
         own = m * sum(both[i] for c in range(lay.vpp) for i in vr[c * p + s]) + recomputed * r_least
-        own += m * (bt.embedding if s == 0 else 0.0) + m * (classifier if s == p - 1 else 0.0)
+        own += m * (bt.embedding if s == 0 else 0.0) + m * (bt.classifier if s == p - 1 else 0.0)
         if s:
             for i in vr[s - 1]:
                 ahead_f += fwd[i]

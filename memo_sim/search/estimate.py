@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from memo_sim.cost.activations import layer_rows, skeletal_bytes
-from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.boundary import boundary_times, pipeline_boundary_times
 from memo_sim.model.flops import mfu, model_flops_per_iteration, tgs
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.memo import memoised, memoised_by, profile_key
@@ -268,10 +268,8 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     at = [next(i for i, o in enumerate(own) if o is sh) for sh in shards]  # each stage's shard in ``own``
     layers_work = [sum(n * by_kinds[at[s]][k] for k, n in kinds_of(model, stage_layer_indices(model, layout, s)).items())
                    if by_kinds[at[s]] else per_stage[s] * units(lts[at[s]]) for s in range(p)]
-    bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
-    if shards[-1] is not shard:  # the head on the last stage's own shard (`microbatch.pipeline_costs`)
-        bt = replace(bt, classifier=boundary_times(model, shards[-1], micro_batch, seq, profile,
-                                                   recompute_mtp=policy.recomputes_mtp).classifier)
+    bt = pipeline_boundary_times(model, shard, shards[-1], micro_batch, seq, profile,
+                                 recompute_mtp=policy.recomputes_mtp)
     work = [layers_work[s] + (bt.embedding if s == 0 else 0.0) + (bt.classifier if s == p - 1 else 0.0)
             for s in range(p)]
     hops, serial, opt = _stage_terms(model, layout, micro_batch, seq, profile)

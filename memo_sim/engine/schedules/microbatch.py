@@ -76,7 +76,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable
 
-from memo_sim.cost.boundary import boundary_times
+from memo_sim.cost.boundary import pipeline_boundary_times
 from memo_sim.cost.grad_sync import GradSync
 from memo_sim.cost.memory import mtp_activation_bytes
 from memo_sim.cost.opcost import OpCost
@@ -326,14 +326,12 @@ def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: in
             own[id(sh)] = StagePhases(sh, slp.forward, slp.backward, slp.recompute,
                                       kind_phases(model, sh, micro_batch, seq, policy, profile, mem))
         stage_phases = tuple(own[id(sh)] for sh in shards)
-    bt = boundary_times(model, shard, micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
-    # the head (and the multi-token-prediction modules) on the last stage's own shard
-    classifier = bt.classifier if shards[-1] is shard else boundary_times(
-        model, shards[-1], micro_batch, seq, profile, recompute_mtp=policy.recomputes_mtp).classifier
+    bt = pipeline_boundary_times(model, shard, shards[-1], micro_batch, seq, profile,
+                                 recompute_mtp=policy.recomputes_mtp)
     secs = {link: p2p_link_time(model, layout, micro_batch, seq, profile, link) for link in ("nvlink", "internode")}
     return PipelineCosts(
         lp.forward, lp.backward, lp.recompute,
-        bt.embedding_fwd, bt.embedding_bwd, classifier,
+        bt.embedding_fwd, bt.embedding_bwd, bt.classifier,
         tuple(stage_optimizer_time(model, layout, s, profile) for s in range(layout.pp)),
         tuple(stage_model_state_bytes(model, layout, s) for s in range(layout.pp)),
         dict(lp.skeletal), lp.working_bytes, mem.classifier_peak_bytes, lp.offload_bytes, lp.host_block_bytes,
