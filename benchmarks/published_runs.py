@@ -1118,6 +1118,15 @@ _TITAN_FSDP = (
     "Candidates, none pinned down: " + _POWER_LEFT + "; and FSDP's per-layer all-gathers and reduce-scatters, which "
     "memo hides under the compute")
 
+_TITAN_TP = (
+    "memo too fast on Llama 3.1 70B with TP 8 and no AsyncTP (FSDP 32 x TP 8 with sequence parallelism, full AC, "
+    "compiled, Float8): memo's step is {memo}, {gemm} of it the layers' FP8 GEMMs (forward, backward and the re-run "
+    "ones), {attn} attention and {comm} the TP collectives on the critical path (the forward's, the recompute's and "
+    "the backward's all-gathers and reduce-scatters; torch's ColwiseParallel keeps the gathered inputs for the weight "
+    "gradients, so none is gathered again: sp_input_kept). Candidates, none pinned down: " + _POWER_LEFT
+    + "; (2) the TP collectives, priced on the profile's datasheet NVLink (no shipped GPU profile has a measured "
+    "collective fit), and the tensor-parallel amax all-reduces of torchao's casts (a scalar all-reduce per cast, about "
+    "29 a layer and micro-batch; not priced)")
 _TITAN_PP = (
     "memo too fast on Llama 3.1 405B in torchtitan's {d}D layout (FSDP beside {stages}, "
     "TP 8 with async TP, 8 micro-batches in {sched}{cp}): memo's step is {memo}, {sync} with the TP collectives on the "
@@ -1177,9 +1186,10 @@ def _titan_asynctp_text(r: Result) -> str:
                                candidates="; ".join(f"({i + 1}) {p}" for i, p in enumerate(parts)))
 
 
-def _titan_split(run: Run) -> tuple[float, float]:
-    """(attention seconds, GEMM seconds) of memo's step for ``run``: the layer's attention and GEMM ops of the
-    forward, the backward and the policy's recompute, over the layers and the micro-batches."""
+def _titan_split(run: Run) -> tuple[float, float, float]:
+    """(attention seconds, GEMM seconds, collective seconds on the critical path) of memo's step for ``run``: the
+    layer's attention, GEMM and unhidden collective ops (TP's, CP's) of the forward, the backward and the policy's
+    recompute, over the layers and the micro-batches."""
     from memo_sim.cost.layer_time import backward_costs, forward_costs
     from memo_sim.memplan.trace_gen import per_gpu_shard
 
@@ -1191,15 +1201,16 @@ def _titan_split(run: Run) -> tuple[float, float]:
              + list(pol.recompute_costs(model, shard, mb, run.seq, prof) or ()))
     n = model.layers * (b // mb)
     return (n * sum(c.seconds for c in costs if c.kind == "attention"),
-            n * sum(c.seconds for c in costs if c.kind == "gemm"))
+            n * sum(c.seconds for c in costs if c.kind == "gemm"),
+            n * sum(c.seconds for c in costs if c.kind == "collective" and not c.overlaps))
 
 
 def _titan_text(template: str, cp: str = "") -> Callable[[Result], str]:
     def text(r: Result) -> str:
-        attn, gemm = _titan_split(r.run)
+        attn, gemm, comm = _titan_split(r.run)
         left = r.run.published_s - (r.predicted_s - attn)
         return template.format(memo=f"{r.predicted_s:.2f} s", attn=f"{attn:.2f} s", gemm=f"{gemm:.2f} s",
-                               left=f"about {left:.1f} s", ratio=f"{attn / left:.2f}x", cp=cp)
+                               comm=f"{comm:.2f} s", left=f"about {left:.1f} s", ratio=f"{attn / left:.2f}x", cp=cp)
     return text
 
 
@@ -1209,6 +1220,7 @@ OUTLIERS.update({
     **dict.fromkeys(("torchtitan-t1-fsdp-compile", "torchtitan-t3-fsdp128-compile"), _titan_text(_TITAN_FSDP)),
     **dict.fromkeys(("torchtitan-t5-1f1b", "torchtitan-t5-interleaved", *(f"torchtitan-t6-cp{k}" for k in (1, 2, 4, 8))),
                     _titan_pp_text),
+    "torchtitan-t4-2d": _titan_text(_TITAN_TP),
     "torchtitan-t4-2d-asynctp": _titan_asynctp_text,
 })
 

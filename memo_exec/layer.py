@@ -51,7 +51,7 @@ from memo_exec.errors import BackendError, ExecError
 from memo_exec.device import acc_dtype
 from memo_exec.gemm_formats import layer_gemm
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import SKELETAL_NAMES, layer_tensors
+from memo_sim.model.layer_graph import SKELETAL_NAMES, layer_tensors, sp_kept_inputs
 
 # weights every TP rank holds whole whose gradient each rank sums over its own heads only: the QK norms'
 # (summed over the TP group with or without sequence parallelism, `memo_exec.distributed.zero.GradSync`)
@@ -90,16 +90,21 @@ def skeletal_widths(model: ModelConfig) -> dict[str, int]:
     return {n: specs[n].width for n in SKELETAL}
 
 
-def storage_shapes(model: ModelConfig, tp: int = 1, sp: bool = True) -> dict[str, tuple[int, int]]:
+def storage_shapes(model: ModelConfig, tp: int = 1, sp: bool = True, kept: bool = False) -> dict[str, tuple[int, int]]:
     """Skeletal tensor -> (rows per local token, width) on one rank of a Megatron TP group of size
     ``tp``: the ``tp_split`` tensors (q, k, v, attn, fc1, act) are 1/tp as wide and, with sequence
-    parallelism, hold the gathered rows of the whole group (tp rows per local token)."""
+    parallelism, hold the gathered rows of the whole group (tp rows per local token); so do the
+    column-parallel GEMMs' inputs (ln1, ln2) where the layer keeps them gathered for the weight
+    gradients (``kept``: the plan's ``sp_input_kept``, torch's ColwiseParallel; `layer_graph.sp_kept_inputs`)."""
     specs = _tensor_specs(model)
+    gathered = sp_kept_inputs(model) if kept and sp and tp > 1 else {}
     out = {}
     for n in SKELETAL:
         s = specs[n]
         if s.tp_split and tp > 1:
             out[n] = (tp if sp else 1, s.width // tp)
+        elif n in gathered:
+            out[n] = (tp, s.width)
         else:
             out[n] = (1, s.width)
     return out
@@ -299,9 +304,14 @@ class TPComm:
     size = 1
     row_mult = 1
     sp = False
+    kept = False  # the column-parallel GEMMs' gathered inputs kept in the layer's storage (``sp_input_kept``)
 
     def gather(self, t: torch.Tensor, X, name: str) -> torch.Tensor:
         return t
+
+    def gather_into(self, t: torch.Tensor, out: torch.Tensor) -> None:
+        """``gather`` into ``out`` (a kept input's full-length storage rows) rather than a scratch buffer."""
+        out.copy_(t)
 
     def reduce(self, partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         if out.data_ptr() != partial.data_ptr():
@@ -451,20 +461,41 @@ class LayerCompute(HeadNorms):
             apply_sinks(out, aux, p.sinks, dims)
         return aux
 
+    def _norm_out(self, stored: torch.Tensor, r: slice, X, name: str) -> torch.Tensor:
+        """Where a norm writes the rank's rows of a column-parallel GEMM's input: its storage rows, or, where the
+        layer keeps the input gathered (``tp.kept``), a scratch shard the gather reads (`_gathered_input`)."""
+        return X.get(f"{name}_shard", (r.stop - r.start, self.h), self.dtype) if self.tp.kept else stored[r]
+
+    def _gathered_input(self, shard: torch.Tensor, stored: torch.Tensor, rg: slice, X, name: str) -> torch.Tensor:
+        """A column-parallel GEMM's input over the TP group's tokens from the rank's rows ``shard`` (`_norm_out`):
+        gathered into scratch (Megatron's SP, gathered again in the backward) or into the layer's storage rows
+        ``stored[rg]``, kept for the weight gradient (``tp.kept``)."""
+        if not self.tp.kept:
+            return self.tp.gather(shard, X, f"{name}_gathered")
+        self.tp.gather_into(shard, stored[rg])
+        X.free(f"{name}_shard")
+        return stored[rg]
+
+    def _release_input(self, X, name: str) -> None:
+        if not self.tp.kept:
+            self.tp.release(X, f"{name}_gathered")
+
     def _fwd_ops(self, p: LayerWeights, S: LayerStorage, layer: int, phase: str, start: int, attention: bool,
                  y_out: torch.Tensor | None, before_output: Callable[[], None] | None = None) -> None:
         X, sp, r, rg = self.scratch, self.timer.span, slice(start, self.T), slice(start * self.m, self.Tg)
-        n, h, f, tp = self.T - start, self.h, self.f, self.tp
+        n, h, f = self.T - start, self.h, self.f
         ng = n * self.m
         with sp("ln1", layer, phase):
-            self._norm(S.x[r], p.ln1_w, p.ln1_b, S.ln1[r], S.stats[0, r], S.stats[1, r])
+            ln1_out = self._norm_out(S.ln1, r, X, "ln1")
+            self._norm(S.x[r], p.ln1_w, p.ln1_b, ln1_out, S.stats[0, r], S.stats[1, r])
         with sp("qkv", layer, phase):
-            ln1 = tp.gather(S.ln1[r], X, "ln1_gathered")
+            ln1 = self._gathered_input(ln1_out, S.ln1, rg, X, "ln1")
+            del ln1_out
             bs = self._qkv_slices(p.bqkv) if p.bqkv is not None else (None, None, None)
             cast = self._cast(ln1, S, "qkv", phase)  # the fused projection's input, cast once (FP8)
             for w, b, out in zip(self._qkv_slices(p.wqkv), bs, (S.q, S.k, S.v)):
                 self.gemm.forward(ln1, w, out[rg], b, cast)
-            tp.release(X, "ln1_gathered")
+            self._release_input(X, "ln1")
             del ln1, cast
         if attention:
             with sp("attention", layer, phase):
@@ -480,7 +511,8 @@ class LayerCompute(HeadNorms):
             X.free("proj")
             del proj
         with sp("ln2", layer, phase):
-            self._norm(S.h1[r], p.ln2_w, p.ln2_b, S.ln2[r], S.stats[2, r], S.stats[3, r])
+            ln2_out = S.ln2[r] if p.moe is not None else self._norm_out(S.ln2, r, X, "ln2")
+            self._norm(S.h1[r], p.ln2_w, p.ln2_b, ln2_out, S.stats[2, r], S.stats[3, r])
         if p.moe is not None:  # a MoE layer: the block in place of fc1, act, fc2 (recompute: rebuilt in backward)
             if y_out is None:
                 return
@@ -494,10 +526,10 @@ class LayerCompute(HeadNorms):
                 del moe_out
             return
         with sp("fc1", layer, phase):
-            ln2 = tp.gather(S.ln2[r], X, "ln2_gathered")
+            ln2 = self._gathered_input(ln2_out, S.ln2, rg, X, "ln2")
             self.gemm.forward(ln2, p.w1, S.fc1[rg], p.b1, self._cast(ln2, S, "fc1", phase))
-            tp.release(X, "ln2_gathered")
-            del ln2
+            self._release_input(X, "ln2")
+            del ln2, ln2_out
         with sp("act", layer, phase):
             if self.swiglu:
                 sg = X.get("silu_gate", (ng, f), self.dtype)
@@ -652,7 +684,7 @@ class LayerCompute(HeadNorms):
             X.free("d_act")
             del d_act
         with sp("fc1", layer, ph):
-            ln2 = tp.gather(S.ln2, X, "ln2_gathered")
+            ln2 = S.ln2 if tp.kept else tp.gather(S.ln2, X, "ln2_gathered")
             if tp.size == 1:
                 d_ln2 = X.get("d_ln2", (T, h), dt)
                 self._linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, d_ln2)
@@ -664,7 +696,7 @@ class LayerCompute(HeadNorms):
                 # ``_layer_backward_trace``): the GEMMs (wgrad reads the gathered input first, `_linear_backward`)
                 # into the partial sum, then the gathered input and d_fc1 freed, then the reduce's output
                 d_ln2p = self._linear_backward(d_fc1, ln2, p.w1, p.b1, oneg, X.get("d_ln2_partial", (Tg, h), dt))
-                tp.release(X, "ln2_gathered")
+                self._release_input(X, "ln2")
                 X.free("d_fc1")
                 del d_fc1, ln2
                 d_ln2 = X.get("d_ln2", (T, h), dt)
@@ -707,7 +739,7 @@ class LayerCompute(HeadNorms):
             del d_attn, q, k
             self._qk_norm_backward(p, S, d_q, d_k)
         with sp("qkv", layer, ph):
-            ln1 = tp.gather(S.ln1, X, "ln1_gathered")
+            ln1 = S.ln1 if tp.kept else tp.gather(S.ln1, X, "ln1_gathered")
             ws, gws = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad)
             gbs = self._qkv_slices(p.bqkv.grad) if p.bqkv is not None else (None, None, None)
             cast = self.gemm.cast_wgrad_input(ln1)  # the fused projection's input, cast once (FP8)
@@ -715,7 +747,7 @@ class LayerCompute(HeadNorms):
                 self.gemm.wgrad(d, ln1, gw, cast)
                 if gb is not None:
                     gb.addmv_(d.t(), oneg)
-            tp.release(X, "ln1_gathered")
+            self._release_input(X, "ln1")
             del ln1, cast
             d_ln1p = X.get("d_ln1", (T, h), dt) if tp.size == 1 else X.get("d_ln1_partial", (Tg, h), dt)
             self.gemm.dgrad(d_q, ws[0], d_ln1p)

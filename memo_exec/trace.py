@@ -53,10 +53,11 @@ def _rank_shape(plan: Plan) -> tuple[int, int, int, object, dict | None]:
     sp = bool(lay.sp) and lay.tp > 1
     seq = plan.seq_tokens // (lay.cp * lay.ulysses)
     rows = plan.batch * seq // (lay.tp if sp else 1)
-    comm = SizesOnlyComm(None, lay.tp, sp) if lay.tp > 1 else None
+    kept = sp and lay.sp_input_kept
+    comm = SizesOnlyComm(None, lay.tp, sp, kept) if lay.tp > 1 else None
     if comm is None:
         from memo_exec.layer import IDENTITY_TP as comm  # noqa: PLC0415, N811
-    return seq, rows, lay.tp, comm, storage_shapes(plan.model, lay.tp, sp)
+    return seq, rows, lay.tp, comm, storage_shapes(plan.model, lay.tp, sp, kept)
 
 
 class _SeqParallelStandIn(AttentionBackend):

@@ -52,6 +52,9 @@ DEFAULT_TWO.append((dict(dp=2, zero=3), SEQ, "memo", 1, 10))  # 10 steps follow 
 # Megatron's fine-grained offload of the attention (q, k, v and its output to the host) on the TP and Ulysses ranks'
 # own shards (`memo_exec.activations.offload_modules`)
 DEFAULT_TWO += [(dict(tp=2, sp=True), SEQ, "offload_attn", 1, 0), (dict(ulysses=2), SEQ, "offload_attn", 1, 0)]
+# torch's ColwiseParallel: the gathered ln1 / ln2 kept in the layer's storage for the weight gradients, none gathered
+# again (`Layout.sp_input_kept`, torchtitan's; `memo_exec.layer.storage_shapes`)
+DEFAULT_TWO += [(dict(tp=2, sp=True, sp_input_kept=True), SEQ, pol, 1, 0) for pol in ("store_all", "full_recompute")]
 
 
 def test_two_ranks_tp_sp_cp_ulysses_zero_match_single_process():
@@ -116,7 +119,7 @@ def _subset(runs, wanted):
 @pytest.mark.slow
 def test_two_ranks_every_layout_and_policy(two_rank_runs, refs):
     # the whole matrix (DEFAULT_TWO's offload_attn cases beside it)
-    assert len(MATRIX_REST) + len(DEFAULT_TWO) == len(TWO_RANKS) * len(POLICIES) + 2
+    assert len(MATRIX_REST) + len(DEFAULT_TWO) == len(TWO_RANKS) * len(POLICIES) + 4
     _check(*_subset(two_rank_runs, MATRIX_REST), refs)
 
 

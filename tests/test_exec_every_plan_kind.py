@@ -106,6 +106,8 @@ KINDS = {
                     "--policy", "full_recompute"]),
     "pp2-metp_ffn-memo": (4, ["--layers", "6", "--pp", "2", "--tp", "2", "--tp-mode", "metp_ffn", "--schedule", "1f1b",
                               *MEMO]),
+    # torch's TP as torchtitan runs it: the gathered inputs of the column-parallel GEMMs kept (`sp_input_kept`)
+    "torchtitan-tp2": (2, ["--layers", "4", "--tp", "2", "--policy", "full_recompute", "--framework", "torchtitan"]),
     "hsdp": (4, ["--layers", "4", "--dp", "4", "--dp-mode", "fsdp", "--policy", "store_all",
                  "--framework", "torchtitan"]),
     # FSDP with experts as torchtitan runs them: the routed experts sharded over their expert-data-parallel ranks
@@ -171,6 +173,9 @@ REFUSED = {
     # FP8 on two GPUs in a part that runs no FP8: the FP8 refusal, not 'run it with --nproc 2' (which would refuse it)
     "fp8-moe-two-gpus": (2, ["--model", "MOE", "--ep", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
                              "--precision", "fp8-tensorwise"], "not in MoE experts"),
+    # torch TP's kept gathered inputs in dense layers only (a MoE block reads the norm's shard)
+    "torchtitan-moe-tp2": (2, ["--model", "MOE", "--tp", "2", "--policy", "store_all", "--framework", "torchtitan"],
+                           "sp_input_kept with experts", ["--nproc", "2"]),
     "async-tp": (4, ["--layers", "4", "--tp", "2", "--dp", "2", "--zero", "3", "--tp-mode", "async_tp",
                      "--policy", "full_recompute", "--framework", "torchtitan@2024-12"], "tp_mode 'async_tp'",
                  ["--nproc", "4"]),
@@ -203,12 +208,12 @@ def test_the_kinds_cover_every_schedule_policy_and_sequence_layout(plans):
         lay = d["layout"]
         seen_lay |= {k for k in ("tp", "cp", "ulysses", "dp", "pp", "ep") if lay.get(k, 1) > 1}
         seen_lay |= {lay.get("tp_mode", "megatron"), lay.get("dp_mode", "zero")}
-        seen_lay |= {"optimizer_offload"} if lay.get("optimizer_offload") else set()
+        seen_lay |= {k for k in ("optimizer_offload", "sp_input_kept") if lay.get(k)}
     assert seen_sched == {"single_stage", "1f1b", "interleaved_1f1b", "sppo"}
     assert {"store_all", "full_recompute", "full_offload", "memo", "sppo", "selective_recompute",
             "recompute_moe", "recompute_norm_act", "recompute_mlp", "checkpoint_offload", "offload_attn"} <= seen_pol
     assert {"tp", "cp", "ulysses", "dp", "pp", "ep", "metp", "metp_ffn", "megatron", "fsdp",
-            "optimizer_offload"} <= seen_lay
+            "optimizer_offload", "sp_input_kept"} <= seen_lay
 
 
 @pytest.mark.parametrize("name", [n for n, (g, _) in KINDS.items() if g == 1])

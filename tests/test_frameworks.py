@@ -56,6 +56,9 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             "kernel_fusion": ("fused", "compiled", "time"),
             # SP's backward re-gather beside the data-gradient GEMM instead of before it (a TP + SP layout)
             "sp_regather_overlap": (False, True, "time"),
+            # torch's ColwiseParallel keeps SP's gathered GEMM inputs: no backward re-gather (a TP + SP layout; the
+            # full-length tensors kept move memory the other way: tests/test_sp_input_kept.py)
+            "sp_input_kept": (False, True, "time"),
             # PyTorch's CP merges and accumulates each ring step in separate fp32 passes and gathers K/V at once
             # beside step 0 alone (a CP layout; its buffers move memory too)
             "ring_merge": ("torch_cp", "none", "time"),
@@ -87,7 +90,7 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
     base = {"ring_merge": Layout(tp=4, cp=2), "ulysses_kv": Layout(ulysses=4, dp=2, zero=3),
             "ulysses_bwd_resend": Layout(ulysses=4, dp=2, zero=3), "ring_dkv_fp32": Layout(tp=4, cp=2),
             "block_attention": Layout(tp=4, cp=2, attention="cudnn"), "param_gather": Layout(tp=2, dp=4, zero=1)}.get(
-        mechanism, Layout(tp=2, sp=mechanism == "sp_regather_overlap", dp=4))
+        mechanism, Layout(tp=2, sp=mechanism in ("sp_regather_overlap", "sp_input_kept"), dp=4))
     worse, better = (replace(base, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
     if what == "time":
         pol = get_policy("full_recompute")

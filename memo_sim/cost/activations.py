@@ -23,7 +23,7 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.cost.attention_kernel import DROPOUT_MASK_BYTES, score_matrices
 from memo_sim.cost.gemm_format import saved_weight_bytes
 from memo_sim.model.layer_graph import (DTYPE_BYTES, TensorSpec, block_tensors, fp8_attention_copy, layer_tensors,
-                                        separate_norms)
+                                        separate_norms, sp_kept_inputs)
 
 
 def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
@@ -79,9 +79,22 @@ def ulysses_kept_scale(name: str, model: ModelConfig, layout: Layout) -> float:
     return 1.0
 
 
+def kept_scale(name: str, model: ModelConfig, layout: Layout) -> float:
+    """How many times a saved tensor's bytes (`tensor_bytes`) a layer keeps for its backward: Ulysses' kept kernel
+    inputs (`ulysses_kept_scale`), and the TP degree's shards of a sequence-parallel GEMM input where the GEMMs keep
+    the gathered tensor (``layout.sp_input_kept``: torch's ColwiseParallel, the full-length tensor in place of the
+    shard; `sp_kept_inputs`)."""
+    scale = ulysses_kept_scale(name, model, layout)
+    if layout.sp_input_kept and layout.sp and layout.tp > 1 and not layout.metp:
+        extra = sp_kept_inputs(model).get(name)
+        if extra is not None:
+            scale *= layout.tp + extra
+    return scale
+
+
 def saved_bytes(t: TensorSpec, model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
-    """Bytes one GPU keeps of a layer's saved tensor from its forward to its backward (`ulysses_kept_scale`)."""
-    return tensor_bytes(t, layout, batch, seq) * ulysses_kept_scale(t.name, model, layout)
+    """Bytes one GPU keeps of a layer's saved tensor from its forward to its backward (`kept_scale`)."""
+    return tensor_bytes(t, layout, batch, seq) * kept_scale(t.name, model, layout)
 
 
 def layer_rows(layout: Layout, batch: int, seq: int) -> int:
@@ -210,7 +223,7 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
     # kernel's own output where the output projection keeps a quantised copy of it too
     # (`memo_sim.model.layer_graph.fp8_attention_copy`), and what a keeping Ulysses' kernel holds beyond the
     # sequence-sharded tensors (`ulysses_kept_scale`: K/V's repeats, its head-sharded output)
-    kernel_extra = sum(saved_bytes(t, model, layout, batch, seq) - tensor_bytes(t, layout, batch, seq)
+    kernel_extra = sum(tensor_bytes(t, layout, batch, seq) * (ulysses_kept_scale(t.name, model, layout) - 1)
                        for t in tens.values() if t.saved)
     out["attn_kernel_out"] = kernel_extra + (tensor_bytes(tens["attn"], layout, batch, seq) if "attn_fp8" in tens
                                              else 0.0)

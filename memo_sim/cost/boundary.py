@@ -148,7 +148,8 @@ def mtp_projection_comm(model: ModelConfig, layout: Layout, toks: float, profile
     the input re-gathered for the weight gradient and its gradient reduce-scattered; without SP, forward the output
     all-gathered, backward the input gradient all-reduced. (0, 0) without TP. The input's re-gather hides under
     ``beside`` (the projection's backward GEMMs) where the layout issues SP's re-gathers beside them
-    (``sp_regather_overlap``: Megatron-LM's asynchronous gather, as for the layers' GEMMs)."""
+    (``sp_regather_overlap``: Megatron-LM's asynchronous gather, as for the layers' GEMMs), and is not run where the
+    layout keeps the gathered input (``sp_input_kept``)."""
     tp = layout.tp
     if tp == 1:
         return 0.0, 0.0
@@ -160,7 +161,7 @@ def mtp_projection_comm(model: ModelConfig, layout: Layout, toks: float, profile
 
     if layout.sp:
         scatter = coll.ring_reduce_scatter_time(2 * row, tp, *coll.link_params(link, "reduce_scatter"))
-        regather = gather(2 * row)
+        regather = 0.0 if layout.sp_input_kept else gather(2 * row)
         if layout.sp_regather_overlap:
             regather = max(0.0, regather - beside)
         return gather(2 * row) + gather(row), gather(row) + regather + scatter

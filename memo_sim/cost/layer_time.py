@@ -180,8 +180,9 @@ def _sp_regather(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq
     beside it where the framework issues it asynchronously next to the data-gradient GEMM
     (``layout.sp_regather_overlap``: Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication;
     memo's backward GEMM op is the data and weight gradients together, so the gather may hide under
-    both). Megatron's reduce-scatter beside the weight gradient is not modelled."""
-    if layout.tp == 1 or not layout.sp or op.name not in sp_regathered(model):
+    both). Megatron's reduce-scatter beside the weight gradient is not modelled. None where the layout keeps the
+    gathered input for the weight gradient (``layout.sp_input_kept``: torch's ColwiseParallel)."""
+    if layout.tp == 1 or not layout.sp or layout.sp_input_kept or op.name not in sp_regathered(model):
         return []
     size = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     link = coll.layout_group_link(profile, layout, layout.tp, 1)

@@ -30,6 +30,9 @@ policies, and how it runs what the simulator models as a switch
 - ``sp_regather_overlap`` (optional, default false): under sequence parallelism the backward all-gathers
   a column-parallel GEMM's input again for its weight gradient; true where the framework issues that
   all-gather asynchronously beside the data-gradient GEMM (`memo_sim.layout.parallel`);
+- ``sp_input_kept`` (optional, default false): true where the column-parallel GEMMs keep the all-gathered input for
+  their weight gradients instead (torch's ColwiseParallel: no backward re-gather, the full-length tensor saved;
+  `memo_sim.layout.parallel`);
 - ``ring_merge`` (optional, default ``none``): the framework's ring-CP implementation: the passes over HBM
   it runs beside its attention kernels, how it exchanges K/V and the buffers it holds, ``torch_cp`` for
   PyTorch's experimental context parallelism's fp32 merges and accumulations and its one K/V all-gather
@@ -144,7 +147,8 @@ MECHANISMS = {"attention": "attention", "block_attention": "block_attention", "g
               "cross_entropy": "cross_entropy",
               "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf",
               "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion",
-              "sp_regather_overlap": "sp_regather_overlap", "ring_merge": "ring_merge",
+              "sp_regather_overlap": "sp_regather_overlap", "sp_input_kept": "sp_input_kept",
+              "ring_merge": "ring_merge",
               "ulysses_kv": "ulysses_kv", "ulysses_bwd_resend": "ulysses_bwd_resend",
               "ring_dkv_fp32": "ring_dkv_fp32", "head_grads_unit": "head_grads_unit", "param_gather": "param_gather",
               "replicate_fsdp": "replicate_fsdp"}
@@ -260,6 +264,7 @@ class _MechanismsIn(BaseModel):
     nccl_record_stream: bool = Field(False, strict=True)  # recordStream on collective tensors (`layout.parallel`)
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"  # fused | compiled (`memo_sim.model.kernel_fusion`)
     sp_regather_overlap: bool = Field(False, strict=True)  # SP's backward re-gather beside the dgrad GEMM
+    sp_input_kept: bool = Field(False, strict=True)  # SP's gathered GEMM inputs saved, no backward re-gather
     ring_merge: Literal[RING_MERGE_NAMES] = "none"  # ring CP's passes beside its kernels (`layout.ring_merge`)
     ulysses_kv: Literal[ULYSSES_KV_RULES] = "minimal"  # K/V heads before Ulysses' all-to-all (`layout.kv_heads`)
     ulysses_bwd_resend: bool = Field(False, strict=True)  # Ulysses' backward re-sends q, k, v, out, dout
@@ -551,7 +556,8 @@ def mechanism_changes(mine: Layout, theirs: Layout, profile) -> list[str]:
             "ulysses_bwd_resend": theirs.ulysses == 1, "ring_dkv_fp32": theirs.cp == 1,
             "head_grads_unit": theirs.zero < 2, "param_gather": theirs.zero not in (1, 2) or theirs.state_shards < 2,
             "replicate_fsdp": theirs.zero > 0,
-            "sp_regather_overlap": not (theirs.tp > 1 and theirs.sp),
+            "sp_regather_overlap": not (theirs.tp > 1 and theirs.sp) or theirs.sp_input_kept,
+            "sp_input_kept": not (theirs.tp > 1 and theirs.sp),
             "attention": theirs.runs_blocks() or eff.priced_attention_kernel(mine.attention)
             == eff.priced_attention_kernel(theirs.attention),
             "block_attention": not theirs.runs_blocks() or eff.priced_attention_kernel(mine.block_kernel)

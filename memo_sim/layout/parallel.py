@@ -90,8 +90,13 @@ the GPU, at the next device synchronisation (`memo_sim.memplan.iteration_replay`
 `Layout.to_dict` when off. ``sp_regather_overlap``: under sequence parallelism the backward of a
 column-parallel GEMM all-gathers its input again for the weight gradient (`cost.layer_time`);
 Megatron-LM issues that all-gather asynchronously beside the data-gradient GEMM (True), memo's
-executor before it (False, left out of `Layout.to_dict`). ``ring_merge``: the ring-CP implementation's
-passes over HBM beside its kernels, how it exchanges K/V and the buffers it holds (`memo_sim.layout.ring_merge`:
+executor before it (False, left out of `Layout.to_dict`). ``sp_input_kept``: under sequence parallelism the
+column-parallel GEMMs keep the all-gathered input for their weight gradients, so the backward gathers nothing again
+and the layer keeps the full-length tensor in place of its shard (torch's ColwiseParallel over a PrepareModuleInput
+that all-gathers to Replicate: autograd saves the linear's gathered input; True, torchtitan's data;
+`memo_sim.cost.layer_time`, `memo_sim.cost.activations.kept_scale`); False (Megatron-LM, memo's executor: the shard
+kept and gathered again) is left out of `Layout.to_dict`, and ``sp_regather_overlap`` is moot where it is True.
+``ring_merge``: the ring-CP implementation's passes over HBM beside its kernels, how it exchanges K/V and the buffers it holds (`memo_sim.layout.ring_merge`:
 ``torch_cp``, PyTorch's experimental context parallelism's fp32 merges and one K/V all-gather, or ``none``, left
 out of `Layout.to_dict`).
 ``ulysses_kv``: how K/V heads are repeated before Ulysses' all-to-all (`memo_sim.layout.kv_heads`:
@@ -184,6 +189,7 @@ class Layout:
     nccl_record_stream: bool = False  # collective buffers held by recordStream until a synchronisation
     kernel_fusion: str = "fused"  # memory-bound kernels: fused | compiled (torch.compile; `model.kernel_fusion`)
     sp_regather_overlap: bool = False  # SP's backward re-gather beside the data-gradient GEMM (module docs)
+    sp_input_kept: bool = False  # SP's gathered GEMM inputs saved for the weight gradients, no re-gather (module docs)
     ring_merge: str = "none"  # ring CP's passes beside its kernels: none | torch_cp (`memo_sim.layout.ring_merge`)
     ulysses_kv: str = "minimal"  # K/V heads before Ulysses' all-to-all: minimal | query_heads (`layout.kv_heads`)
     ulysses_bwd_resend: bool = False  # Ulysses' backward sends q, k, v, out and dout again (module docs)
@@ -377,8 +383,10 @@ class Layout:
             parts.append("record-stream")
         if self.kernel_fusion != "fused":
             parts.append(self.kernel_fusion)
-        if self.sp_regather_overlap and self.sp and self.tp > 1:
+        if self.sp_regather_overlap and self.sp and self.tp > 1 and not self.sp_input_kept:
             parts.append("ag-overlap")
+        if self.sp_input_kept and self.sp and self.tp > 1:
+            parts.append("sp-kept")
         if self.ring_merge != "none" and self.cp > 1:
             parts.append(f"merge-{self.ring_merge}")
         if self.ulysses_kv != "minimal" and self.ulysses > 1:
@@ -428,6 +436,8 @@ class Layout:
             del d["kernel_fusion"]
         if not self.sp_regather_overlap:  # and plans whose SP re-gathers run before the GEMM theirs
             del d["sp_regather_overlap"]
+        if not self.sp_input_kept:  # and plans whose SP keeps the shard and gathers it again theirs
+            del d["sp_input_kept"]
         if self.ring_merge == "none":  # and plans whose ring prices no merge passes theirs
             del d["ring_merge"]
         if self.ulysses_kv == "minimal":  # and plans with the fewest K/V repeats theirs
@@ -489,6 +499,7 @@ class _LayoutIn(BaseModel):
     nccl_record_stream: bool = Field(False, strict=True)
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"
     sp_regather_overlap: bool = Field(False, strict=True)
+    sp_input_kept: bool = Field(False, strict=True)
     ring_merge: Literal[RING_MERGE_NAMES] = "none"
     ulysses_kv: Literal[ULYSSES_KV_RULES] = "minimal"
     ulysses_bwd_resend: bool = Field(False, strict=True)
@@ -1125,7 +1136,8 @@ def stage_split_why_not(n_layers: int, pp: int, first: int = 0, last: int = 0) -
     if not (first or last):
         if n_layers % pp:
             return (f"{n_layers} layers do not split evenly into {pp} pipeline stages; give the first and last "
-                    f"stages their own counts (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)")
+                    f"stages their own counts (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers;"
+                    f" in a plan file layout.first_stage_layers / layout.last_stage_layers)")
         return None
     fixed = [k for k in (first, last) if k]
     rest_stages = pp - len(fixed)

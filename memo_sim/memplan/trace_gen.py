@@ -65,7 +65,7 @@ from memo_sim.request_trace import Buffer, RequestTrace
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, RECOMPUTE_GATHERS, UNPLACED,
                                         attention_bwd_workspace_bytes, fp8_cast_name, fp8_input_kept, forward_ops,
-                                        layer_tensors)
+                                        layer_tensors, sp_regathered)
 from memo_sim.memplan.ring_trace import RING_TRACES
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import offloaded_layer_count
@@ -218,11 +218,6 @@ def _align(n: float) -> int:
     return max(ALIGN, -(-n // ALIGN) * ALIGN)
 
 
-# GEMM scopes (`memo_sim.model.layer_graph.OpSpec.scope`) whose input is the TP group's tokens, so all-gathered
-# under sequence parallelism (the router reads the rank's shard, the experts their routed tokens)
-_GATHERED_SCOPES = ("tp", "replicated")
-
-
 class _Builder:
     def __init__(self, phase: str, layer: int | None = None):
         self.phase, self.layer = phase, layer
@@ -281,6 +276,7 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
     tb = {n: tensor_bytes(t, layout, batch, seq) for n, t in tens.items()}
     full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     sp = layout.sp and layout.tp > 1
+    regathered = sp_regathered(model)  # the GEMMs whose input SP gathers (the one rule the cost's gathers follow)
     tp = layout.tp > 1
     bs = block_sizes(model, layout, batch, seq) if layout.metp else {}
     flavour = layout.flavour
@@ -298,7 +294,7 @@ def _layer_forward_trace(model: ModelConfig, layout: Layout, batch: int, seq: in
             b.tick()
             b.free(f"{op.name}_recv")
             continue
-        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce" and op.scope in _GATHERED_SCOPES:
+        if sp and op.name in regathered and not layout.sp_input_kept:  # kept: the saved tensor is the gathered one
             b.alloc(f"{op.name}_input_gathered", full_h)  # all-gather output
             b.tick()
         attn_bufs = attention_buffers(model, layout, tb, "fwd", batch, seq) if op.kind == "attention" else []
@@ -339,6 +335,7 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
           if n in FP8_SAVED_INPUTS else tb[n] for n, t in tens.items()}
     full_h = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
     sp = layout.sp and layout.tp > 1
+    regathered = sp_regathered(model)
     bs = block_sizes(model, layout, batch, seq) if layout.metp else {}
     flavour = layout.flavour
     b = _Builder("bwd")
@@ -376,7 +373,7 @@ def _layer_backward_trace(model: ModelConfig, layout: Layout, batch: int, seq: i
             gathered = f"{out_grad}_gathered"  # backward of reduce-scatter is an all-gather
             b.alloc(gathered, full_h)
             b.tick()
-        if op.kind == "gemm" and sp and op.tp_comm_after != "reduce" and op.scope in _GATHERED_SCOPES:
+        if sp and op.name in regathered and not layout.sp_input_kept:
             b.alloc(f"{op.name}_input_regathered", full_h)  # weight gradient needs the full input
         attn_bufs = attention_buffers(model, layout, tb, "bwd", batch, seq) if op.kind == "attention" else []
         attn_bufs += fp8_casts(model, layout, op, batch, seq, "bwd")  # live, and freed, as the kernel's buffers

@@ -351,6 +351,20 @@ def sp_regathered(model: ModelConfig) -> frozenset[str]:
                      and op.scope in ("tp", "replicated") and op.inputs[0] in gathered)
 
 
+@lru_cache(maxsize=256)
+def sp_kept_inputs(model: ModelConfig) -> MappingProxyType:
+    """The saved tensors sequence parallelism all-gathers for column-parallel GEMMs (the inputs of `sp_regathered`'s
+    GEMMs), name -> how many rank shards of it a layer keeps beyond the TP group's whole where the GEMMs keep the
+    gathered tensor for their weight gradients (``Layout.sp_input_kept``; `memo_sim.cost.activations.kept_scale`):
+    0, or 1 where a GEMM that is not gathered (the router beside a MoE layer's shared experts) reads the rank's own
+    shard too. memo's executor keeps these rows gathered in a layer's storage (`memo_exec.layer.storage_shapes`)."""
+    ops = forward_ops(model)
+    gathered = sp_regathered(model)
+    names = {op.inputs[0] for op in ops if op.name in gathered}
+    return MappingProxyType({n: int(any(op.kind == "gemm" and op.name not in gathered and n in op.inputs
+                                        for op in ops)) for n in names})
+
+
 def skeletal_tensors(model: ModelConfig, tp_mode: str = "megatron") -> list[TensorSpec]:
     return [t for t in layer_tensors(model, tp_mode).values() if t.saved]
 

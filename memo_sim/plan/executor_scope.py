@@ -25,7 +25,9 @@ The executor builds:
   attention (Llama 4's, placed by ``chunked_period``, under the same rule; the math kernel masks the earlier
   chunks); no latent attention;
 - uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
-  MEMO only;
+  MEMO only; sequence parallelism as Megatron-LM runs it (the shard kept, gathered again in the backward) and as
+  torch's ColwiseParallel does (``sp_input_kept``: the gathered input kept) in dense layers under store-all and full
+  recompute (`sp_kept_why_not`);
 - FSDP on one stage and beside pipeline stages as torchtitan runs it (a mixture of experts' routed experts sharded
   over their expert-data-parallel ranks, as torchtitan's ``efsdp``); ZeRO 2 / 3 and FSDP over several
   micro-batches too (each layer's gradient reduce-scattered after each micro-batch's backward and accumulated in
@@ -248,16 +250,37 @@ def data_parallel_why_not(layout: Layout, model: ModelConfig) -> str | None:
     return None
 
 
+# the policies under which the executor keeps torch TP's gathered GEMM inputs in a layer's storage (``sp_input_kept``):
+# those that write a whole layer's storage in one forward (or re-run) and read it in its backward
+SP_KEPT_POLICIES = ("store_all", "full_recompute")
+
+
+def sp_kept_why_not(model: ModelConfig, layout: Layout, policy: str) -> str | None:
+    """Why the executor cannot keep the plan's gathered sequence-parallel GEMM inputs as torch's ColwiseParallel
+    does (``layout.sp_input_kept``: `memo_exec.layer.storage_shapes` keeps ln1 and ln2 gathered, the backward
+    gathers nothing again), or None: dense layers without multi-token-prediction modules, under `SP_KEPT_POLICIES`
+    (a token-wise policy offloads or re-runs a rank's own rows; a MoE block reads the norm's shard)."""
+    if not (layout.sp_input_kept and layout.sp and layout.tp > 1):
+        return None
+    what = (f"experts = {model.experts}" if model.moe else f"mtp_layers = {model.mtp_layers}" if model.mtp_layers
+            else f"policy {policy}" if policy not in SP_KEPT_POLICIES else None)
+    if what is None:
+        return None
+    return (f"plan layout {layout.label()}: sp_input_kept with {what}: the executor keeps torch TP's gathered GEMM "
+            f"inputs in dense layers without multi-token-prediction modules under {' or '.join(SP_KEPT_POLICIES)} "
+            f"only; plan with --framework any or megatron (the shard kept, gathered again) to run it")
+
+
 def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batch: int, micro_batch: int,
                  seq: int) -> str | None:
     """The first refusal of `memo-exec run` the plan alone decides (module docs), or None: a static memory plan
     for a policy without one of its own (``policy``: the plan's `memo_sim.policy` object), compiled kernels, the
     model's dtype (`dtype_why_not`), a ring with merge passes, multi-token-prediction modules beyond the
-    executor's (`MTP_SCHEDULES`, Megatron TP), the GEMM format, the attention and the MoE layers (`gemm_why_not`,
-    `moe_why_not`), a MoE model or a split stage under SPPO (`sppo_why_not`), the data parallelism
-    (`data_parallel_why_not`) and the split over the ranks (`split_why_not`). Not here (the executor's own, from
-    its built parts): full METP's architecture, a schedule's split of the layers, an attention backend the device
-    lacks."""
+    executor's (`MTP_SCHEDULES`, Megatron TP), torch TP's kept gathered inputs (``sp_input_kept``), the GEMM
+    format, the attention and the MoE layers (`gemm_why_not`, `moe_why_not`), a MoE model or a split stage under
+    SPPO (`sppo_why_not`), the data parallelism (`data_parallel_why_not`) and the split over the ranks
+    (`split_why_not`). Not here (the executor's own, from its built parts): full METP's architecture, a schedule's
+    split of the layers, an attention backend the device lacks."""
     lab = layout.label()
     if layout.memory_plan and not policy.static_memory_plan:
         return (f"plan layout {lab}: memory_plan: a static memory plan for the {policy.name} policy is priced by the "
@@ -267,6 +290,8 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
         return (f"plan layout {lab}: kernel_fusion {layout.kernel_fusion}: the executor runs its layer's kernels "
                 f"uncompiled (no torch.compile), so it would measure another plan than the one predicted; plan with "
                 f"a framework whose kernels are fused (e.g. --framework torchtitan)")
+    if (why := sp_kept_why_not(model, layout, policy.name)) is not None:
+        return why
     if model.mtp_layers:  # the executor's modules (memo_exec.mtp): single stage or a micro-batch pipeline, Megatron TP
         head = f"plan model {model.name}: mtp_layers = {model.mtp_layers}"
         if schedule not in MTP_SCHEDULES:

@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-from memo_sim.cost.activations import layer_rows, row_bytes, saved_tensors, ulysses_kept_scale
+from memo_sim.cost.activations import kept_scale, layer_rows, row_bytes, saved_tensors
 from memo_sim.cost.layer_time import OpCost
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import Layout
@@ -154,7 +154,7 @@ class Policy:
         rows = layer_rows(layout, batch, seq)
         split = offload_token_count(self.offload_fraction_other, rows)
         return [OffloadedTensor(t.name, rows if t.role in self.offloaded_roles else split,
-                                row_bytes(t, layout) * ulysses_kept_scale(t.name, model, layout))
+                                row_bytes(t, layout) * kept_scale(t.name, model, layout))
                 for t in saved_tensors(model, layout) if t.role in ("input", "attn", "other")]
 
     def offload_bytes(self, model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:

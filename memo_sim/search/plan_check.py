@@ -94,7 +94,7 @@ def runnable_problems(plan: Plan, memory_plan: bool = True,
     why = check(plan.model, plan.layout, plan.batch, plan.seq_tokens) if check else None
     if why:
         out.append(f"policy: {why}")
-    if memory_plan:
+    if memory_plan and not out:  # a memory plan is placed for the layout and policy above: checked where they hold
         out += memory_plan_problems(plan, traces)
     return out
 

@@ -10,7 +10,11 @@ Column-parallel qkv and fc1 (this rank's heads / FFN columns), row-parallel out_
   row t): the collective runs rank-major; the gather reorders piece by piece inside its one
   full-length output (`gather_interleaved`), the reduce-scatter through a strided copy;
 - without SP, ``gather`` is the identity (every rank holds every token) and ``reduce`` is an
-  all-reduce.
+  all-reduce;
+- where the plan keeps the gathered inputs of the column-parallel GEMMs for their weight gradients
+  (``sp_input_kept``: torch's ColwiseParallel, torchtitan's), ``gather_into`` gathers ln1 / ln2 into the
+  layer's storage (`memo_exec.layer.storage_shapes`: the group's rows) and the backward reads them there,
+  gathering nothing again; Megatron-LM's SP keeps the rank's shard and gathers it again.
 
 The plan's level-1 memory plan (`memo_sim.memplan`) places this rank's layer scratch: `MegatronTP.sizes_only_compute`
 records its requests on the meta device (`SizesOnlyComm` asks for the buffers `MegatronComm` asks for), and
@@ -35,8 +39,9 @@ from memo_exec.moe import weights as moe_weights
 
 
 class MegatronComm(TPComm):
-    def __init__(self, group, size: int, sp: bool) -> None:
+    def __init__(self, group, size: int, sp: bool, kept: bool = False) -> None:
         self.group, self.size, self.sp = group, size, sp
+        self.kept = sp and kept  # the gathered GEMM inputs kept in the layer's storage (the plan's sp_input_kept)
         self.row_mult = size if sp else 1
         self.timer = None  # set by the runner: each collective is a span on the "comm" stream
 
@@ -52,9 +57,12 @@ class MegatronComm(TPComm):
             return t
         n, w = t.shape
         out = X.get(name, (n * self.size, w), t.dtype)
+        self.gather_into(t, out)
+        return out
+
+    def gather_into(self, t: torch.Tensor, out: torch.Tensor) -> None:
         with self._span("tp_all_gather", out):
             gather_interleaved(out, t.contiguous(), self.size, self.group)
-        return out
 
     def release(self, X, name: str) -> None:
         if self.sp:
@@ -89,6 +97,9 @@ class SizesOnlyComm(MegatronComm):
         n, w = t.shape
         return X.get(name, (n * self.size, w), t.dtype)  # gathered in place (`gather_interleaved`)
 
+    def gather_into(self, t: torch.Tensor, out: torch.Tensor) -> None:
+        return None
+
     def reduce(self, partial: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         return out
 
@@ -116,7 +127,8 @@ class MegatronTP(TPFlavour):
     def __init__(self, ctx, model) -> None:
         super().__init__(ctx, model)
         self.sp = bool(ctx.layout.sp) and self.size > 1
-        self.comm = MegatronComm(self.group, self.size, self.sp) if self.size > 1 else TPComm()
+        self.kept = self.sp and ctx.layout.sp_input_kept  # torch TP's kept inputs (`memo_exec.layer.storage_shapes`)
+        self.comm = MegatronComm(self.group, self.size, self.sp, self.kept) if self.size > 1 else TPComm()
 
     def check(self) -> str | None:
         m, p = self.model, self.size
@@ -131,7 +143,7 @@ class MegatronTP(TPFlavour):
         return self.comm.row_mult
 
     def storage_shapes(self) -> dict[str, tuple[int, int]]:
-        return storage_shapes(self.model, self.size, self.sp)
+        return storage_shapes(self.model, self.size, self.sp, self.kept)
 
     def make_weights(self, layers: int, device, dtype, layer: int | None = None,
                      experts: tuple[int, int] | None = None, moe: bool | None = None,
@@ -220,7 +232,7 @@ class MegatronTP(TPFlavour):
         """This rank's layer on the meta device, its collectives' scratch requests without communicating."""
         if not self.plans_memory():
             return None
-        comm = SizesOnlyComm(None, self.size, self.sp) if self.size > 1 else self.comm
+        comm = SizesOnlyComm(None, self.size, self.sp, self.kept) if self.size > 1 else self.comm
         return LayerCompute(self.model, batch, seq, dtype, torch.device("meta"), backend, scratch, tp=comm)
 
     def plan_names(self) -> dict[str, dict[str, str]]:
