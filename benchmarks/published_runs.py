@@ -900,6 +900,14 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "on cuDNN 9.19's kernel as measured on an H200 (56-65% of the peak forward; before that measurement these "
         "rows were +1% to +21% on an assumed 45-48%), so what is left lies in the rest of the layer: this is a5's "
         "layout (TP 4, EP 8), whose 4K row memo predicts far too fast (see it). " + _HOST_BOUND),
+    **{f"moe-zoo-qwen3-235b-long-{k}-forced": (lambda r: (
+        f"memo too fast ({100 * r.error:+.1f}%), by less than at 16K (moe-zoo-qwen3-235b-long-16k-forced: the rest "
+        f"of the layer at a5's layout, where the host's issuing is measured); attention takes "
+        f"{_share(r.run, 'attention')} of memo's layer here, priced as TransformerEngine's p2p ring runs it, one "
+        "cuDNN kernel per ring step over the rank's two chunks (ring_merge te_p2p, read in its source) on the curve "
+        "measured on an H200 at each kernel's size; what memo does not price of that ring: its per-step softmax-lse "
+        "and fp32 output corrections, the backward's per-step gradient additions, and the two streams its steps' "
+        "kernels alternate on (the megatron framework data's not_modelled)")) for k in ("32k", "64k", "128k")},
     **{f"moe-zoo-qwen3-235b-long-{k}-dropless": (
         "the router's real expert loads, on top of the forced row's gap at the same length. memo's dropless takes a "
         "uniform router's loads (the busiest of 8 EP ranks under multinomial routing), the loads the forced row's "
@@ -1109,8 +1117,10 @@ _TITAN_CP_RING = ("; (2) PyTorch's experimental context parallelism of 2024-12 b
                   "code; one merge step measured at 1.84 ms on an H200 and 2.33 ms on an H100 "
                   "for 32K tokens x 32 heads), and so is its K/V exchange, one all-gather issued at ring step 0 and "
                   "waited for at step 1 (rotate method allgather), which on this row's NVLink hides under step 0's "
-                  "kernel; but it runs one SDPA call per ring step where memo prices its zigzag "
-                  "blocks (its non-causal half blocks measured as fast as the causal one)")
+                  "kernel, and its one SDPA call per ring step (step_kernels: a causal call over the rank's two "
+                  "chunks, then 2c x c or c x 2c calls), each priced on the kernel curve at its own size; what is "
+                  "left is the calls' speed at these shapes beyond the curve (the non-causal half-chunk calls were "
+                  "measured as fast as the causal one)")
 _TITAN_FSDP = (
     "memo too fast on a GEMM-bound 8K step (Llama 3.1 8B, FSDP, per-op selective checkpointing, compiled): memo's step "
     "is {memo}, {gemm} of it the layers' GEMMs (forward, backward and the re-run ones: the curve memo-exec calibrate "

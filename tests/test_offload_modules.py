@@ -113,7 +113,8 @@ def test_megatron_offers_it_and_exports_it_and_memo_exec_refuses_it(tmp_path):
     # Megatron's validate_args asserts it beside the offload on TransformerEngine >= 2.10 (a review)
     assert "export NVTE_CPU_OFFLOAD_V1=1" in script.splitlines()
     # the MoE set: Megatron writes it, memo-exec refuses it in one line (its MoE block keeps the dispatched tokens)
-    plan, script = _exported(tmp_path / "moe", *MOE_ARGS, "--policy", "offload_attn_experts")
+    # (--cp 1: a ring would be refused first, memo-exec not running TransformerEngine's per-step kernels)
+    plan, script = _exported(tmp_path / "moe", *MOE_ARGS, "--cp", "1", "--policy", "offload_attn_experts")
     assert "--offload-modules core_attn attn_proj expert_fc1" in script
     from memo_exec.cli import cli as exec_cli  # noqa: PLC0415
 

@@ -69,7 +69,7 @@ def test_the_gap_split_runs_memos_plan_with_the_frameworks_model_too(tmp_path):
 
     r = run_sim(["whatif", "--model", "qwen3-30b-a3b", "--gpus", "40", "--seq", "32K", "--profile", "b200-180gb",
                  "--precision", "fp8-tensorwise", "--pp", "5", "--framework", "megatron", "--global-batch", "10",
-                 "--tp", "4", "--ep", "8", "--no-plan", "--top", "1"])
+                 "--tp", "4", "--ep", "8", "--cp", "1", "--no-plan", "--top", "1"])
     line = next(ln for ln in r.output.splitlines() if "the gap split:" in ln)
     assert "1.00x megatron's best from memo's layout and policy" in line, line
     assert "fp8_saved_inputs False -> True" in line, line

@@ -25,6 +25,7 @@ import math
 from functools import lru_cache
 
 from memo_sim.cost.ring_attention import block_counts
+from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.schema import AttentionTimes, HardwareProfile
@@ -76,6 +77,8 @@ def layer_attention_seconds(model: ModelConfig, layout: Layout, batch: int, seq:
         return None
     d = model.qk_head_dim
     if ring:
+        if ring_merge(layout.ring_merge).step_kernels:
+            return None  # one kernel per ring step (TransformerEngine's), not the executor's timed blocks
         c, rem = divmod(seq, 2 * layout.cp)
         full_n, causal_n = block_counts(layout.cp)
         full = measured_seconds(profile, "block_full", heads, d, c, phase)

@@ -29,6 +29,7 @@ from memo_sim.cost.kernel_time import (attention_bwd_time, attention_fwd_time, g
                                        memory_bound_time)
 from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critical_time  # noqa: F401  (re-exported)
 from memo_sim.layout.parallel import Layout
+from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.kernel_fusion import amax_fused_backward, amax_fused_forward, fused_inputs
 from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, OpSpec, forward_ops, fp8_input_kept,
@@ -139,7 +140,7 @@ def _attention_time(flops: float, model: ModelConfig, layout: Layout, batch: int
         return measured
     if ring:
         return ring_attention.ring_attention_time(flops, profile, model.dtype, model.qk_head_dim, layout.block_kernel,
-                                                  layout.cp, phase)
+                                                  layout.cp, phase, ring_merge(layout.ring_merge).step_kernels)
     kernel = layout.attention_kernel()  # a ring's sliding-window layers run on its blocks' kernel too
     if phase == "bwd":
         return attention_bwd_time(flops, profile, model.dtype, model.qk_head_dim, kernel)
@@ -276,7 +277,7 @@ def _cp_gathered(att: OpCost, model: ModelConfig, layout: Layout, batch: int, se
                     coll.ring_allgather_time(kv * layout.cp, layout.cp, *coll.link_params(link, "all_gather")),
                     nbytes=kv * (layout.cp - 1), overlaps=1)
     share = ring_attention.first_step_share(att.flops, profile, model.dtype, model.qk_head_dim, layout.block_kernel,
-                                            layout.cp, att.phase)
+                                            layout.cp, att.phase, ring_merge(layout.ring_merge).step_kernels)
     first = replace(att, seconds=att.seconds * share, flops=att.flops * share)
     rest = replace(att, name=f"{att.name}_ring_steps", seconds=att.seconds * (1 - share), flops=att.flops * (1 - share))
     if att.phase != "bwd":

@@ -17,7 +17,8 @@ causal block, so the sum of the blocks is not one causal kernel of the rank's FL
 Other implementations cut the same work differently: TransformerEngine's CP (``cp_comm_type``
 p2p) issues one kernel per ring step over both local chunks (2·c² score elements, a causal
 kernel over 2c tokens at step 0), its all-gather CP (``all_gather``) one kernel per local chunk
-over the keys before it. What is priced here is the executor's decomposition; the rank's FLOPs
+over the keys before it. What is priced here is the executor's decomposition, or TransformerEngine's p2p kernels
+where the framework runs them (``ring_merge`` te_p2p, `memo_sim.layout.ring_merge`: Megatron-LM's); the rank's FLOPs
 (MFU) are the same either way.
 
 **Transfers** (`ring_shift_bytes`, priced in `memo_sim.cost.layer_time`): the forward shifts the
@@ -100,11 +101,20 @@ def applies(model: ModelConfig, layout: Layout, seq: int) -> bool:
     return layout.cp > 1 and layout.attention != "materialised" and model.attention_flop_fraction(seq) == 1.0
 
 
-def _blocks_time(full: int, causal: int, f_full: float, profile: HardwareProfile, dtype: str, head_dim: int | None,
-                 kernel: str, phase: str) -> float:
+def _ring_kernels(cp: int, step_kernels: bool, first_step: bool = False) -> list[tuple[float, str]]:
+    """(FLOPs in c x c full blocks, mask) of each kernel one rank runs per layer pass (``first_step``: at ring step
+    0 only): the zigzag blocks, a causal diagonal one half a full block (`zigzag_step_blocks`), or with
+    ``step_kernels`` one kernel per ring step of 2·c² score elements, causal over the rank's 2c tokens at step 0."""
+    if step_kernels:
+        return [(2.0, "causal")] + ([] if first_step else [(2.0, "full")] * (cp - 1))
+    blocks = zigzag_step_blocks(cp, 0, 0) if first_step else zigzag_blocks(cp, 0)
+    return [(0.5, "causal") if causal else (1.0, "full") for _q, _k, causal in blocks]
+
+
+def _kernels_time(kernels: list[tuple[float, str]], f_full: float, profile: HardwareProfile, dtype: str,
+                  head_dim: int | None, kernel: str, phase: str) -> float:
     price = attention_bwd_time if phase == "bwd" else attention_fwd_time
-    return (full * price(f_full, profile, dtype, head_dim, kernel, "full")
-            + causal * price(f_full / 2, profile, dtype, head_dim, kernel, "causal"))
+    return sum(price(units * f_full, profile, dtype, head_dim, kernel, mask) for units, mask in kernels)
 
 
 def gathers_kv(model: ModelConfig, layout: Layout, seq: int) -> bool:
@@ -114,29 +124,31 @@ def gathers_kv(model: ModelConfig, layout: Layout, seq: int) -> bool:
 
 
 def ring_attention_time(flops: float, profile: HardwareProfile, dtype: str, head_dim: int | None, kernel: str,
-                        cp: int, phase: str) -> float:
+                        cp: int, phase: str, step_kernels: bool = False) -> float:
     """Seconds of one rank's attention pass of ``flops`` (the rank's causal/cp share: forward FLOPs,
     or the backward kernel's own for ``phase`` "bwd") as its zigzag blocks: each full block holds
-    c² of the rank's 2·cp·c² score elements' worth of FLOPs, a causal one half of that."""
+    c² of the rank's 2·cp·c² score elements' worth of FLOPs, a causal one half of that. ``step_kernels``
+    (`memo_sim.layout.ring_merge.RingMerge`: TransformerEngine's p2p CP, PyTorch's CP): one kernel per ring step
+    instead, a causal one over the rank's 2c tokens at step 0 and cp - 1 full ones of 2·c² score elements (its
+    queries' two chunks over one key chunk, or its second query chunk over both key chunks), the same FLOPs in
+    fewer, larger kernels (`_ring_kernels`)."""
     full, causal = block_counts(cp)
-    return _blocks_time(full, causal, flops / (full + causal / 2), profile, dtype, head_dim, kernel, phase)
+    return _kernels_time(_ring_kernels(cp, step_kernels), flops / (full + causal / 2), profile, dtype, head_dim,
+                         kernel, phase)
 
 
 def first_step_share(flops: float, profile: HardwareProfile, dtype: str, head_dim: int | None, kernel: str,
-                     cp: int, phase: str) -> float:
-    """The share of `ring_attention_time` that ring step 0 takes: the blocks of the rank's own two
-    chunks (`zigzag_step_blocks` at step 0: both causal diagonal blocks and the full one of its mirror
-    chunk over its own), the only compute an all-gather of K/V issued at step 0 runs beside."""
+                     cp: int, phase: str, step_kernels: bool = False) -> float:
+    """The share of `ring_attention_time` that ring step 0 takes: the kernels over the rank's own two chunks
+    (`_ring_kernels` at step 0: both causal diagonal blocks and the full one of its mirror chunk over its own, or
+    one causal kernel over both), the only compute an all-gather of K/V issued at step 0 runs beside."""
     full, causal = block_counts(cp)
     f_full = flops / (full + causal / 2)
-    first = zigzag_step_blocks(cp, 0, 0)
-    first_causal = sum(1 for _q, _k, c in first if c)
-    total = _blocks_time(full, causal, f_full, profile, dtype, head_dim, kernel, phase)
+    total = _kernels_time(_ring_kernels(cp, step_kernels), f_full, profile, dtype, head_dim, kernel, phase)
     if total <= 0:
         return 1.0 / cp
-    return _blocks_time(len(first) - first_causal, first_causal, f_full, profile, dtype, head_dim, kernel,
-                        phase) / total
-
+    return _kernels_time(_ring_kernels(cp, step_kernels, True), f_full, profile, dtype, head_dim, kernel,
+                         phase) / total
 
 
 def ring_kv_elements(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:

@@ -67,7 +67,9 @@ class RingMerge:
     at ring step 0 and waited for at step 1 (module docs), not a shift beside every step; the buffers
     (`buffers`): ``kv_copies`` K/V chunks copied before the ring starts, ``dkv_chunks`` dK/dV chunks live
     while a backward step's kernel runs (in `dkv_element_bytes`: fp32 for torch_cp's), ``dkv_outputs`` earlier
-    steps' dK/dV kernel outputs still held, ``dq_fp32`` an fp32 dQ accumulator over the steps."""
+    steps' dK/dV kernel outputs still held, ``dq_fp32`` an fp32 dQ accumulator over the steps; ``step_kernels``: the
+    ring runs one attention kernel per ring step over both of the rank's chunks (`memo_sim.cost.ring_attention`
+    ``ring_attention_time``) rather than one per pair of chunks (the zigzag blocks of memo's executor)."""
 
     name: str
     fwd_q_first: float = 0.0
@@ -85,6 +87,7 @@ class RingMerge:
     dkv_chunks: int = 2
     dkv_outputs: int = 0
     dq_fp32: bool = False
+    step_kernels: bool = False
 
     def bytes(self, cp: int, q_elems: float, kv_elems: float, phase: str) -> float:
         """HBM bytes of one layer pass (``phase`` "fwd" or "bwd"; a recompute is a forward) on a CP
@@ -133,12 +136,19 @@ class RingMerge:
 
 RING_MERGES: dict[str, RingMerge] = {
     "none": RingMerge("none"),
+    # one SDPA call per ring step, forward and backward (torch/distributed/tensor/experimental/_attention.py
+    # _templated_ring_attention / _templated_ring_attention_backward: the whole local q, k, v at step 0, the first
+    # K/V chunk or the second query chunk after it); its passes:
     # forward 12 + 38 per later step (Q), 4 per send (KV); backward Q: 4 zeroed + 6 cast back + 10 per step;
     # KV: 4 zeroed + 10 at step 0 + 8 its send packing + 6 cast back = 28 once, 13 + 8 per later step, 4 per K/V send
     "torch_cp": RingMerge("torch_cp", fwd_q_first=12, fwd_q_step=38, fwd_kv_send=4,
                           bwd_q_first=10, bwd_q_step=10, bwd_kv_first=28, bwd_kv_step=21, bwd_kv_send=4,
                           kv_at_query_heads=True, dkv_bytes=4, kv_allgather=True, kv_copies=1, dkv_chunks=3,
-                          dkv_outputs=1, dq_fp32=True),
+                          dkv_outputs=1, dq_fp32=True, step_kernels=True),
+    # TransformerEngine's p2p CP (AttnFuncWithCPAndKVP2P, Megatron-LM's default --cp-comm-type): one kernel per ring
+    # step over the rank's two chunks ("diagonal", "lower-triangle", "upper-triangle" sections); its per-step
+    # softmax-lse and output corrections are not counted here (the megatron framework data's not_modelled)
+    "te_p2p": RingMerge("te_p2p", step_kernels=True),
 }
 RING_MERGE_NAMES: tuple[str, ...] = tuple(RING_MERGES)
 

@@ -191,11 +191,12 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
 
 
 def ring_merge_why_not(layout: Layout) -> str | None:
-    """A ring priced with a framework's separate merge passes (PyTorch's CP), which the executor does not run."""
+    """A ring priced as a framework runs it (PyTorch's CP's separate merge passes, TransformerEngine's per-step
+    kernels: ``layout.ring_merge``), which the executor does not run."""
     if layout.ring_merge != "none" and layout.cp > 1:
         return (f"plan layout {layout.label()}: ring_merge {layout.ring_merge}: the executor runs its own ring "
-                f"(zigzag blocks, no separate fp32 merge passes), so it would measure another plan than the one "
-                f"predicted; plan with a framework whose ring it runs (e.g. --framework torchtitan)")
+                f"(one kernel per pair of zigzag chunks, no separate merge passes), so it would measure another plan "
+                f"than the one predicted; plan with a framework whose ring it runs (e.g. --framework any)")
     return None
 
 
