@@ -75,6 +75,9 @@ class Comparison:
     # (`predicted_layer_timings`): the re-simulation's wherever the iteration rows' are
     layer_timings: dict = dataclasses.field(default_factory=dict)
     layer_timings_from: str = "plan.layer_timings_s"
+    # where the run did otherwise than the plan priced, one sentence each (`plan_notes`): report.md's bold lines and
+    # the run's --json ``plan_notes``
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     def predicted_iteration(self) -> float | None:
         """The iteration time the totals compare with (the plan's, or the re-simulation's where
@@ -85,7 +88,7 @@ class Comparison:
         return {"totals": self.totals, "streams": self.streams, "ops": self.ops, "memory": self.memory,
                 "moe_alltoall": self.alltoall, "totals_predicted_from": self.source,
                 "streams_ops_predicted_from": self.simulation, "times_comparable": self.times_comparable,
-                "stale_prediction": self.stale, "ep_comm_unpriced_s": self.ep_unpriced_s}
+                "stale_prediction": self.stale, "ep_comm_unpriced_s": self.ep_unpriced_s, "plan_notes": self.notes}
 
 
 def stale_line(stale: str) -> str:
@@ -128,7 +131,10 @@ def compare_run(res: RunResult) -> Comparison:
     rank0 = ptl.of_device(0) if ptl is not None else None
     breakdown = sim_memory_breakdown(plan, n)
     lt, lt_name = predicted_layer_timings(plan, pred, stale, other_profile, sim_note, layers=n)
-    totals = totals_rows(res, pred, source, lt, lt_name)
+    # a pipeline's rank 0 (stage 0) beside its own stage's prediction, not the node's or the worst stage's
+    # (a multi-rank run's: its rank 0 holds one stage)
+    stage0 = pipeline_rank0_prediction(plan, sim, sim_note) if int(res.meta.get("world") or 1) > 1 else None
+    totals = totals_rows(res, pred, source, lt, lt_name, rank0=stage0)
     if plan.layout.metp:
         totals += ring_rows(measured, sim, sim_note)
     unpriced = [unpriced_ep_seconds(t) for t in measured]
@@ -139,7 +145,7 @@ def compare_run(res: RunResult) -> Comparison:
     return Comparison(totals, streams, ops, res.estimate.compare(breakdown), source, sim_note, ptl, alltoall,
                       times_comparable=why is None, stale=stale,
                       ep_unpriced_s=steady_value(unpriced) if any(unpriced) else None,
-                      layer_timings=lt, layer_timings_from=lt_name)
+                      layer_timings=lt, layer_timings_from=lt_name, notes=plan_notes(plan, res.meta))
 
 
 def mark_times_not_comparable(why: str | None, *tables: list[dict]) -> None:
@@ -198,10 +204,12 @@ def ring_rows(measured: list, sim, sim_note: str) -> list[dict]:
 
 
 def totals_rows(res: RunResult, pred: dict, source: str, layer_timings: dict | None = None,
-                layer_timings_from: str | None = None) -> list[dict]:
+                layer_timings_from: str | None = None, rank0: dict | None = None) -> list[dict]:
     """The whole-iteration and per-layer rows; ``layer_timings`` (``layer_timings_from`` names them,
     `predicted_layer_timings`): the re-simulation's, in place of the plan's stored ``layer_timings_s`` (a stale
-    plan, `memo_exec.compare.stale_prediction`, or ``--profile``)."""
+    plan, `memo_exec.compare.stale_prediction`, or ``--profile``); ``rank0`` (`pipeline_rank0_prediction`): a
+    pipeline's predictions of rank 0's stage for the exposed copy time and the pinned host rows, which the
+    iteration's figures (the worst stage's, the node's) are not."""
     st = res.steady
     lt = layer_timings if layer_timings is not None else (res.plan.layer_timings_s or {})
     lt_name = layer_timings_from or ("the re-simulation's layer timings" if layer_timings is not None
@@ -229,12 +237,12 @@ def totals_rows(res: RunResult, pred: dict, source: str, layer_timings: dict | N
         ("layer recompute", "s", lt.get("recompute"), st.get("layer_recompute_s"), lt_src),
         ("layer offload (d2h)", "s", lt.get("offload"), st.get("layer_offload_s"), lt_name),
         ("layer prefetch (h2d)", "s", lt.get("prefetch"), st.get("layer_prefetch_s"), lt_name),
-        ("exposed copy time", "s", pred.get("exposed_copy_s"), st.get("exposed_copy_s"), source),
+        _exposed_row(pred, st, source, rank0),
         ("peak device memory (allocated)", "bytes", pred.get("peak_gpu_bytes"),
          st.get("peak_allocated_bytes") if cuda else None, source),
         ("executor's memory estimate", "bytes", pred.get("peak_gpu_bytes"), _estimate_total(res),
          source + (f"; {why_est}" if (why_est := estimate_missing_why(res)) else "")),
-        _pinned_row(res, pred, source),
+        _pinned_row(res, pred, source, rank0=rank0),
     ]
     if not cuda:
         rows.append(("process RSS peak (CPU: model, activations and the host pool)", "bytes", None,
@@ -242,10 +250,12 @@ def totals_rows(res: RunResult, pred: dict, source: str, layer_timings: dict | N
     # bytes in another element width than the plan's: their error would be the widths' ratio (`dtype_not_comparable`)
     why = dtype_not_comparable(getattr(res.plan.model, "dtype", None), res.meta.get("dtype"))
     out = []
-    for q, u, p, m, s in rows:
+    for q, u, p, m, s, *apart in rows:
         row = {"quantity": q, "unit": u, "predicted": p, "measured": m, "rel_error": rel_error(m, p),
                "predicted_from": s}
-        if why and u == "bytes" and row["rel_error"] is not None:
+        if apart and apart[0]:  # no prediction of this rank's quantity (`pipeline_rank0_prediction`): said why
+            row["rel_error"], row["not_comparable"] = None, apart[0]
+        elif why and u == "bytes" and row["rel_error"] is not None:
             row["rel_error"], row["not_comparable"] = None, why
         out.append(row)
     return out
@@ -274,12 +284,41 @@ def dtype_cell(cell: str, why: str | None, none: str = "—") -> str:
     return cell if why is None or cell == none else f"{cell}, {why}"
 
 
+def dtype_advice(run_dtype: str, plan_dtype: str | None = None) -> str:
+    """How to compare bytes of another element width, a clause after "to compare them, ": plan in the run's dtype
+    where memo-sim whatif plans it (its ``--dtype``: `memo_sim.model.layer_graph.DTYPE_BYTES`' names, bf16, fp16 and
+    fp32), else (an fp64 run) through the widths' ratio, the what-if having no such dtype. ``run_dtype``: torch's
+    name ("float32") or memo's; ``plan_dtype``: memo's name of the plan's, for the ratio."""
+    name = memo_dtype_name(run_dtype)
+    if name in DTYPE_BYTES:
+        return f"plan in the run's dtype (the what-if's `--dtype {name}`)"
+    dt = getattr(torch, _torch_dtype_name(run_dtype or ""), None)
+    plan_width = DTYPE_BYTES.get(plan_dtype or "")
+    ratio = (f", {element_size(dt)}/{plan_width}" if isinstance(dt, torch.dtype) and plan_width else "")
+    return (f"divide the run's bytes by the widths' ratio{ratio}, or run in a dtype the what-if plans: memo-sim "
+            f"whatif has no {name} (its --dtype plans {', '.join(DTYPE_BYTES)})")
+
+
 def dtype_line(why: str) -> str:
     """The line under a table whose simulated bytes are in the plan's element width and measured ones in the run's
-    (pipeline.md, sppo_pipeline.md; report.md's rows read the same words)."""
+    (pipeline.md, sppo_pipeline.md; report.md's rows read the same words); ``why``: `dtype_not_comparable`'s words,
+    ``... (ran X, plan Y)``, which name the run's and the plan's dtype (`dtype_advice`)."""
+    ran = plan = None
+    if "(ran " in why:
+        ran, _, rest = why.split("(ran ", 1)[1].partition(", plan ")
+        plan = rest.rstrip(")") or None
+    advice = dtype_advice(ran, plan) if ran else "plan in the run's dtype (the what-if's `--dtype`)"
     return (f"**Bytes: {why}**: the run's offloaded bytes and peaks are in its element width, the simulated ones in "
-            "the plan's, so they differ by the widths' ratio, not by an error of the prediction; plan in the run's "
-            "dtype (the what-if's `--dtype`) to compare them.")
+            f"the plan's, so they differ by the widths' ratio, not by an error of the prediction; to compare them, "
+            f"{advice}.")
+
+
+def _torch_dtype_name(name: str) -> str:
+    """torch's name of memo's dtype name ("fp64" -> "float64"; the name itself where it is torch's already)."""
+    from memo_exec.device import DTYPES  # noqa: PLC0415
+
+    dt = DTYPES.get(name)
+    return str(dt).removeprefix("torch.") if dt is not None else name
 
 
 def loss_kernel_note(plan) -> str | None:
@@ -328,6 +367,144 @@ def head_grads_note(plan) -> str | None:
             "gradient before the embedding's is made; memo-exec holds both, with the final norm's, whole until the "
             "step (its first gradient unit), so the model-state row reads up to one vocabulary matrix's gradient "
             "above the prediction; plan without --framework to compare like with like")
+
+
+def pipeline_rank0_prediction(plan, sim, sim_note: str = "the re-simulation") -> dict | None:
+    """A pipeline's predictions of rank 0's stage (the simulator's device 0, whose measurements the totals show)
+    for the two rows whose iteration figure is not that stage's: ``{"pinned": (bytes | None, words), "exposed":
+    (seconds | None, words), "from": sim_note}``, a None value with ``words`` saying why it is not comparable; None
+    where the plan is no pipeline or there is no re-simulation (the rows as they were).
+
+    - pinned host memory: the simulator's figure is the fullest node's peak, every stage's blocks on it together
+      (`memo_sim.engine.schedules.microbatch`: an offload holds its host block from the offload's start to its
+      prefetch's end, a device's bytes times the GPUs it stands for). Rank 0's is that peak's share its device's
+      blocks make: the blocks in flight swept over the predicted timeline's offload and prefetch spans (their copied
+      bytes, which are the blocks' bytes over one ratio, as every unit's block is alike), device 0's peak over the
+      node's. Not comparable where the node's host bytes are not the offloads' (the optimizer's states on the host).
+    - exposed copy time: the simulator's is its most exposed GPU's (the largest wait on copies). Rank 0's stage's
+      is 0 where it copies nothing, the iteration's where no other stage copies; else not comparable."""
+    if getattr(plan.layout, "pp", 1) <= 1 or sim is None or getattr(sim, "timeline", None) is None:
+        return None
+    tl = sim.timeline
+    stages = ((tl.meta or {}).get("pipeline") or {}).get("stages") or []
+    dev = {int(r.get("device", r["stage"])): r for r in stages}
+    node0 = (dev.get(0) or {}).get("node", 0)
+    copies = [e for e in tl.events if e.stream in ("d2h", "h2d")]
+    mine = [e for e in copies if e.device == 0]
+    out: dict = {"from": sim_note}
+    if not mine:
+        out["exposed"] = (0.0, "rank 0's stage copies nothing")
+    elif all(e.device == 0 for e in copies):
+        out["exposed"] = (float(sim.exposed_copy_s), "the only stage that copies")
+    else:
+        out["exposed"] = (None, "the prediction is the most exposed stage's, and other stages than rank 0's copy too")
+    node_peak = float(sim.peak_host_bytes_per_node or 0.0)
+    if getattr(plan.layout, "optimizer_offload", False):
+        out["pinned"] = (None, "the prediction is the node's, every stage's optimizer states on the host with it, "
+                               "and no stage's share of it")
+        return out
+
+    def held_peak(devices) -> float:
+        steps = []
+        for e in tl.events:
+            if e.device not in devices:
+                continue
+            w = max(1, int((dev.get(e.device) or {}).get("gpus_on_node", 1))) if len(devices) > 1 else 1
+            if e.stream == "d2h" and e.phase == "offload":
+                steps.append((e.start, 1, e.nbytes * w))
+            elif e.stream == "h2d" and e.phase == "prefetch":
+                steps.append((e.end, 0, -e.nbytes * w))
+        cur = peak = 0.0
+        for _t, _o, d in sorted(steps):  # a free before an allocation at the same instant
+            cur += d
+            peak = max(peak, cur)
+        return peak
+
+    # the stages on rank 0's node (a timeline without them: every device that copies, as one node's)
+    on_node = ({d for d, r in dev.items() if r.get("node", 0) == node0} if dev else {e.device for e in copies}) or {0}
+    node_held = held_peak(on_node)
+    if node_peak <= 0:
+        out["pinned"] = (0.0, "the node's, which holds none")
+    elif node_held <= 0:
+        out["pinned"] = (None, "the prediction is the node's, and no stage's offloads make it")
+    else:
+        out["pinned"] = (node_peak * held_peak({0}) / node_held, "its stage's share of the node's peak")
+    return out
+
+
+def grad_sync_note(plan) -> str | None:
+    """Where the plan prices a data-parallel collective overlapped that memo-exec runs exposed
+    (memo_exec/distributed/zero.py, `GradSync`), one sentence, else None: under ``layout.grad_overlap`` (each layer's
+    gradient bucket reduced beside the next layer's backward) ZeRO 0 all-reduces and ZeRO 1 reduce-scatters every
+    gradient unit after the whole backward (`GradSync.end_backward`), and ZeRO 2 and 3 reduce-scatter each layer's
+    right after its backward in the compute's order, so the next layer's backward waits for it
+    (`GradSync.after_backward`); under ``layout.param_gather`` ``overlap`` (each layer's weights gathered beside the
+    next forward) ZeRO 1 and 2 all-gather every unit's updated weights after the optimizer step, before the next
+    forward (`GradSync.step`). Only where the weights have replicas (``layout.state_shards``: dp x cp x ulysses > 1;
+    one rank a group runs no collective) and the plan prices them overlapped; FSDP beside pipeline stages reduces
+    after a chunk's last backward as the simulator prices it, and ZeRO 3's gathers run one layer ahead as priced."""
+    lay = plan.layout
+    if getattr(lay, "state_shards", 1) <= 1:
+        return None
+    z = lay.zero
+    per_chunk = z >= 3 and getattr(lay, "dp_mode", "") == "fsdp" and getattr(lay, "grads_reduced_per_chunk", False)
+    parts = []
+    if getattr(lay, "grad_overlap", False) and not per_chunk:
+        if z == 0:
+            parts.append("its gradient all-reduce overlapped with the backward (layout grad_overlap), memo-exec "
+                         "all-reduces every gradient unit after the whole backward")
+        elif z == 1:
+            parts.append("its gradient reduce-scatter overlapped with the backward (layout grad_overlap), memo-exec "
+                         "reduce-scatters every gradient unit after the whole backward")
+        else:
+            parts.append(f"its gradient reduce-scatter overlapped with the backward (layout grad_overlap), memo-exec "
+                         f"under ZeRO {z} reduce-scatters each layer's right after that layer's backward, which the "
+                         f"next layer's backward waits for")
+    if z in (1, 2) and getattr(lay, "param_gather", "") == "overlap":
+        parts.append("its updated-weight all-gather overlapped with the next forward (layout param_gather overlap), "
+                     "memo-exec all-gathers every unit's weights after the optimizer step, before the next forward")
+    if not parts:
+        return None
+    return (f"data-parallel collectives: the plan prices {'; and '.join(parts)}, so the dp_comm stream's exposed "
+            f"time and the iteration time read above the prediction by what the plan hides")
+
+
+def host_pool_note(plan, meta: dict) -> str | None:
+    """Where the plan prices PyTorch's caching host allocator (``layout.host_pool`` caching_host_allocator: each
+    offloaded tensor pinned on its own, rounded up as the profile's ``host.pinned_rounding`` says, a power of two for
+    PyTorch, `memo_sim.policy.host_layout`) and the run offloaded into memo-exec's one registered pool of exact sizes
+    (`memo_exec.activations.host_pool`), one sentence, else None."""
+    if getattr(plan.layout, "host_pool", "") != "caching_host_allocator" or not (meta.get("pinned_host_bytes") or 0):
+        return None
+    from memo_sim.errors import MemoError  # noqa: PLC0415
+    from memo_sim.profile.loader import load_profile  # noqa: PLC0415
+
+    try:
+        rounding = load_profile(plan.profile).host.pinned_rounding
+    except MemoError:  # a profile written elsewhere: PyTorch's allocator rounds to a power of two
+        rounding = "power_of_two"
+    if rounding == "none":  # the profile rounds nothing: the two pools hold the same bytes
+        return None
+    words = {"power_of_two": "up to a power of two", "page": "up to whole pages"}.get(rounding, f"as {rounding}")
+    return (f"host pool: the plan prices PyTorch's caching host allocator (layout host_pool caching_host_allocator: "
+            f"each offloaded tensor pinned on its own and rounded {words}, the profile's host.pinned_rounding), "
+            f"memo-exec holds them in its one registered pool at their exact sizes, so the pinned host memory row "
+            f"reads below the prediction by that rounding; plan without --framework (the registered pool) to compare "
+            f"like with like")
+
+
+def plan_notes(plan, meta: dict) -> list[str]:
+    """Where this run did otherwise than the plan priced, one sentence each (the bold lines of report.md and the
+    run's --json ``plan_notes``): the attention kernel (`memo_exec.attention.priced_kernel_note`), the loss kernel,
+    the Ulysses backward, the embedding's and head's gradient unit, the data-parallel collectives' overlap and the
+    pinned host pool."""
+    from memo_exec.attention import priced_kernel_note  # noqa: PLC0415
+
+    kernel = priced_kernel_note(meta.get("attention_kernel_priced"), meta.get("attention_backend"),
+                                meta.get("device_kind"))
+    notes = [kernel.removeprefix("note: ") if kernel else None, loss_kernel_note(plan), ulysses_kept_note(plan),
+             head_grads_note(plan), grad_sync_note(plan), host_pool_note(plan, meta)]
+    return [n for n in notes if n]
 
 
 def _estimate_total(res: RunResult):
@@ -400,11 +577,30 @@ def alltoall_markdown(rows: list[dict], simulation: str, world: int = 1, tpct=No
     return "\n".join(L)
 
 
-def _pinned_row(res: RunResult, pred: dict, source: str) -> tuple:
+def _exposed_row(pred: dict, st: dict, source: str, rank0: dict | None = None) -> tuple:
+    """The exposed copy time, measured (rank 0's) against its prediction: the iteration's (the simulator's most
+    exposed GPU), or on a pipeline rank 0's stage's where `pipeline_rank0_prediction` knows it, else said not
+    comparable (a sixth element: why)."""
+    what = "exposed copy time"
+    got = (rank0 or {}).get("exposed")
+    if got is None:
+        return (what, "s", pred.get("exposed_copy_s"), st.get("exposed_copy_s"), source)
+    value, words = got
+    if value is None:
+        return (f"{what} (rank 0's; {words})", "s", pred.get("exposed_copy_s"), st.get("exposed_copy_s"), source,
+                f"{NOT_COMPARABLE} ({words})")
+    return (f"{what} (rank 0's; predicted: {words})", "s", value, st.get("exposed_copy_s"),
+            rank0.get("from", source))
+
+
+def _pinned_row(res: RunResult, pred: dict, source: str, rank0: dict | None = None) -> tuple:
     """The pinned host pool, measured against its prediction. The simulator predicts a node's pool
     (every GPU of the node); one rank of a multi-rank run holds its own GPU's share of it, so that
     rank is compared with the node's prediction over the ranks on the node (the plan's GPUs per
-    node, at most the world size): the same quantity on both sides."""
+    node, at most the world size): the same quantity on both sides where the ranks are alike. A pipeline's
+    stages are not (one may offload where another does not): rank 0 is compared with its own stage's
+    prediction (``rank0["pinned"]``, `pipeline_rank0_prediction`), or the row says it is not comparable (a sixth
+    element: why)."""
     node = pred.get("peak_host_bytes_per_node")
     mine = res.meta.get("pinned_host_bytes")
     what = "pinned host memory"
@@ -412,6 +608,12 @@ def _pinned_row(res: RunResult, pred: dict, source: str) -> tuple:
         mine += int(res.meta.get("host_optimizer_bytes") or 0)
         what = "host memory (pinned pool + the optimizer's states on the host)"
     world = int(res.meta.get("world") or 1)
+    got = (rank0 or {}).get("pinned")
+    if got is not None and world > 1:
+        value, words = got
+        if value is None:
+            return (f"{what} (rank 0; {words})", "bytes", None, mine, source, f"{NOT_COMPARABLE} ({words})")
+        return (f"{what} (rank 0; predicted: {words})", "bytes", value, mine, rank0.get("from", source))
     if world <= 1:
         return (what, "bytes", node, mine, source)
     from memo_sim.errors import MemoError  # noqa: PLC0415
@@ -617,11 +819,14 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     if m.get("gemm_format", "bf16") != "bf16":  # the layer's linear GEMMs in another format (`memo_exec.gemm_formats`)
         L.append(f"- layer GEMMs: {m['gemm_format']} (torch._scaled_mm: E4M3 activations and weights, E5M2 output "
                  f"gradients, one scale per tensor; the weights' FP8 copies kept between optimizer steps)")
+    # where the run did otherwise than the plan priced (`plan_notes`): the attention kernel's first, as before
     from memo_exec.attention import priced_kernel_note  # noqa: PLC0415
 
-    note = priced_kernel_note(m.get("attention_kernel_priced"), m.get("attention_backend"), m.get("device_kind"))
-    if note:  # another kernel than the plan was priced on: its times compare two kernels
-        L.append(f"- **{note.removeprefix('note: ')}**")
+    kernel = priced_kernel_note(m.get("attention_kernel_priced"), m.get("attention_backend"), m.get("device_kind"))
+    kernel = kernel.removeprefix("note: ") if kernel else None
+    notes = [n for n in (cmp_.notes or plan_notes(p, m)) if n != kernel]
+    if kernel:  # another kernel than the plan was priced on: its times compare two kernels
+        L.append(f"- **{kernel}**")
     L.append(f"- plan: {m.get('plan_file') or '(in memory)'}; profile {p.profile}; layout {m['layout']}; "
              f"batch {p.batch}; classifier chunk {m['classifier_chunk_tokens']} tokens; data {m['data']}")
     if m["layers"] != m["plan_layers"]:
@@ -631,9 +836,8 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"- all {m['layers']} layers run")
     if cmp_.stale:
         L.append(f"- **{stale_line(cmp_.stale)}**")
-    for note in (loss_kernel_note(p), ulysses_kept_note(p), head_grads_note(p)):
-        if note:
-            L.append(f"- **{note}**")
+    for note in notes:
+        L.append(f"- **{note}**")
     from memo_exec.activations.registry import moe_block_note  # noqa: PLC0415
 
     note = moe_block_note(p.model, p.policy.name)
@@ -729,8 +933,8 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append("")
         L.append(f"The simulator counts the plan's {p.model.dtype} ({plan_width} bytes per element); this run computes "
                  f"in {m['dtype']} ({run_width} bytes), so activation and model-state terms differ by that ratio and "
-                 f"their relative errors read \"{NOT_COMPARABLE}\" (to compare them, plan in this run's dtype: the "
-                 f"what-if's `--dtype {memo_dtype_name(m['dtype'])}`).")
+                 f"their relative errors read \"{NOT_COMPARABLE}\" (to compare them, "
+                 f"{dtype_advice(m['dtype'], p.model.dtype)}).")
     recipe = getattr(p.model, "recipe", None)  # the plan's model-state precision recipe
     ours = m["memory_estimate_bytes"]["model_states"] / max(1, m["params"])  # one process: its params are the model's
     if recipe is not None and m.get("world", 1) == 1 and abs(recipe.bytes_per_param - ours) > 1e-9:

@@ -318,11 +318,31 @@ def quantities_from_run(doc: dict, fallback: dict[str, float | None]) -> dict[st
     out = {}
     for k, unit, _ in QUANTITIES:
         err = error_pct(pred[k], meas[k])
-        # as report.md's cells (`memo_exec.report._not_comparable`): "not comparable" where there is an error to hide
+        # as report.md's cells (`memo_exec.report._not_comparable`): "not comparable" where there is an error to hide,
+        # a miss's too (`miss_seconds`: another device's prediction of no exposure)
         out[k] = ({"predicted": pred[k], "measured": meas[k], "error_pct": None, "not_comparable": True}
-                  if apart and unit == "s" and err is not None else
+                  if apart and unit == "s" and (err is not None or is_miss(k, pred[k], meas[k])) else
                   {"predicted": pred[k], "measured": meas[k], "error_pct": err})
     return out
+
+
+MISS_QUANTITIES = ("compute_exposed_s", "d2h_exposed_s", "h2d_exposed_s")  # exposed time: 0 predicted is a claim
+
+
+def is_miss(key: str, predicted, measured) -> bool:
+    """Whether a row is a miss: an exposed time (`MISS_QUANTITIES`) the simulator predicted none of (0) and the run
+    measured some of. Its relative error x / 0 is undefined (``error_pct`` None), so the row is counted by its
+    absolute difference (`miss_seconds`) where it was left out of every count."""
+    return key in MISS_QUANTITIES and predicted is not None and measured is not None and predicted == 0 \
+        and measured > 0
+
+
+def miss_seconds(key: str, q: dict) -> float | None:
+    """A row's miss (`is_miss`), its measured exposure (the absolute difference from the prediction's none), or None:
+    not a miss, or a run whose times are not comparable with the prediction (``not_comparable``)."""
+    if q.get("not_comparable") or not is_miss(key, q.get("predicted"), q.get("measured")):
+        return None
+    return q["measured"] - q["predicted"]
 
 
 def predicted_allocator(sim, model: ModelConfig, seq: int, policy: Policy, profile: HardwareProfile,
@@ -648,6 +668,10 @@ def summarize(rows: list[ValidationRow]) -> dict:
                  "failed": sum(r.status.startswith(("OOM", "failed", "timed out")) for r in rows),
                  "oom": sum(r.status.startswith("OOM") for r in rows)}
     out["errors"] = {key: abs_error_stats([r.quantities[key]["error_pct"] for r in ran]) for key, _, _ in QUANTITIES}
+    for key, e in out["errors"].items():  # the misses (`is_miss`): counted among the plans compared, apart in size
+        misses = [x for x in (miss_seconds(key, r.quantities[key]) for r in ran) if x is not None]
+        if misses:
+            e.update({"misses": len(misses), "max_abs_miss": max(misses), "compared": e["plans"] + len(misses)})
     # the plans whose run said its times are not comparable with the prediction (`times_apart`)
     out["times_not_comparable"] = [r.label for r in ran if r.quantities["step_s"].get("not_comparable")]
     out["allocator_errors"] = {key: abs_error_stats([(r.allocator or {}).get("quantities", {}).get(key, {}).get(
@@ -678,8 +702,12 @@ def _abs_pct(v) -> str:
 NOT_COMPARABLE = "not comparable"  # `memo_exec.report.NOT_COMPARABLE`'s words (that module imports torch)
 
 
-def _err_cell(q: dict) -> str:
-    """A row's error cell: "not comparable" where the run said so (`times_apart`)."""
+def _err_cell(q: dict, key: str = "") -> str:
+    """A row's error cell: "not comparable" where the run said so (`times_apart`); a miss (`miss_seconds`: quantity
+    ``key``) by its absolute difference."""
+    miss = miss_seconds(key, q)
+    if miss is not None:
+        return f"miss: {fmt_time(miss)} measured, none predicted"
     return NOT_COMPARABLE if q.get("not_comparable") else _pct(q["error_pct"])
 
 
@@ -816,7 +844,7 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
         cells = []
         for key, unit, _ in shown:
             q = r.quantities[key]
-            cells += [_fmt(q["predicted"], unit), _fmt(q["measured"], unit), _err_cell(q)]
+            cells += [_fmt(q["predicted"], unit), _fmt(q["measured"], unit), _err_cell(q, key)]
         lines.append(f"| {r.label} | {r.status} | " + " | ".join(cells) + " |")
     # beside the memory row: the plans whose memory plan the ranks did not follow (`ValidationRow.memory_plan_note`)
     notes = [f"- peak memory of {r.label}: {r.memory_plan_note.removeprefix('note: ')}" for r in rows
@@ -835,7 +863,11 @@ def render_report(rows: list[ValidationRow], summary: dict, model: ModelConfig, 
         apart = not e["plans"] and any(r.quantities[key].get("not_comparable") for r in rows)
         cells = " | ".join(NOT_COMPARABLE if apart else _abs_pct(e[k])
                            for k in ("median_abs_error_pct", "mean_abs_error_pct", "max_abs_error_pct"))
-        lines.append(f"| {what} | {e['plans']} | {cells} |")
+        misses = e.get("misses") or 0
+        if misses:  # relative errors of the others; the misses said in the max cell, by their absolute size
+            cells += (f"; {misses} miss{'es' if misses > 1 else ''} (measured exposure where none was predicted, up "
+                      f"to {fmt_time(e['max_abs_miss'])})")
+        lines.append(f"| {what} | {e.get('compared', e['plans'])} | {cells} |")
     if not_compared:
         lines.append(f"| MoE all-to-all per layer | 0 | not compared: {not_compared} | | |")
     if not_comparable_words(summary):

@@ -2,7 +2,10 @@
 
 Fit is monotone in the sequence length on paper (`tests/test_fit_monotone.py`), so the answer is found by
 doubling the length until nothing fits and bisecting between the last fit and the first
-failure: O(log(max / step)) what-if rankings per policy instead of one per step. The caching
+failure: O(log(max / step)) what-if rankings per policy instead of one per step. A probe asks only whether
+its length fits: a single-stage candidate that fits (priced without the micro-batch pipelines, most of a
+ranking's time on many GPUs) answers it as the whole ranking would (`_single_stage_witness`), and where none
+does the whole ranking is priced, so a failing length's candidates say what binds there. The caching
 allocator's replay is not monotone (its segments fall differently at each length), so with
 ``allocator="caching"``, where the first failing length failed in that replay (`_replay_failed`), the grid
 lengths past it are scanned as well (`_past_failure`: until `PAST_FAILURE_STEPS` lengths in a row fail above the
@@ -87,11 +90,17 @@ class MaxSeqAnswer:
                 "past_failure_capped": self.past_failure_capped, "looked_past_tokens": self.looked_past}
 
 
-def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", fixed=None) -> list[Candidate] | str:
+def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", fixed=None, *,
+            fits_only: bool = False) -> list[Candidate] | str:
     """The length's candidates; where every one that fits on paper runs out of reserved memory in the
     caching allocator's replay, the optimizer-on-the-host ones as well (the what-if adds them only
-    where nothing fits on paper), unless ``fixed`` decides the optimizer's place."""
+    where nothing fits on paper), unless ``fixed`` decides the optimizer's place. ``fits_only``: asked only
+    whether some candidate fits (`_fits`), and for every candidate where none does: where a single-stage candidate
+    fits (`_single_stage_witness`), that one alone, without pricing the micro-batch pipelines."""
     fixed = fixed or {}
+    if fits_only and (witness := _single_stage_witness(model, seq, gpus, profile, policy, framework, allocator,
+                                                       fixed)) is not None:
+        return [witness]
     try:
         cands = candidates_for(model, seq, gpus, profile, policies=(policy,), framework=framework,
                                allocator=allocator, **fixed).candidates
@@ -107,6 +116,32 @@ def _ranked(model, seq, gpus, profile, policy, framework, allocator="caching", f
                                       allocator=allocator, optimizer_offload=True, **fixed).candidates
     except MemoError:  # the framework keeps the optimizer on the GPU, or no such layout
         return cands
+
+
+SINGLE_STAGE_FIRST = True  # `_single_stage_witness` on (the tests turn it off to compare with the whole ranking)
+
+
+def _single_stage_witness(model, seq, gpus, profile, policy, framework, allocator, fixed: dict) -> Candidate | None:
+    """A single-stage candidate that fits ``seq`` tokens (on paper and in the caching allocator's replay), priced
+    without the micro-batch pipelines (``pp`` 1: 20-30% of the whole ranking's time at 64 GPUs), or None where none
+    does (or ``fixed`` fixes ``pp``, or the pp-1 search is refused): then `_ranked` prices everything. Where one
+    fits, ``_fits(_ranked(...))`` is true, so the witness decides a probe as the whole ranking would:
+    `candidates_for` prices the single-stage layouts by the same code with ``pp`` None or 1, so a witness with the
+    optimizer on the GPU is among the whole ranking's candidates, priced the same, and fits there; one with the
+    optimizer on the host was added because no single-stage layout fits on paper with it on the GPU, and in the
+    whole ranking either nothing fits on paper either (then the same host-optimizer layouts are added, the witness
+    among them), or a pipeline (or SPPO) candidate fits on paper, which the replay does not decide (`_replayed`),
+    so it fits. `tests/test_maxseq_speed.py` compares every probe with the whole ranking's answer."""
+    if not SINGLE_STAGE_FIRST or "pp" in fixed:
+        return None
+    try:
+        cands = candidates_for(model, seq, gpus, profile, policies=(policy,), framework=framework,
+                               allocator=allocator, pp=1, **fixed).candidates
+    except MemoError:  # NothingFits too: the whole ranking says why
+        return None
+    ok = sorted((c for c in cands if c.status == "OK" and c.schedule == "single_stage"),
+                key=lambda c: c.memory.peak_gpu_bytes)
+    return next((c for c in ok if _replay_oom(c) is None), None)
 
 
 def _replayed(c: Candidate) -> bool:
@@ -312,7 +347,7 @@ def _max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: st
         raise MemoError(f"--allocator must be caching or plan for one answer, got {allocator!r}")
     hi = 1
     try:
-        cands = _ranked(model, step, gpus, profile, policy, framework, allocator, fixed)
+        cands = _ranked(model, step, gpus, profile, policy, framework, allocator, fixed, fits_only=True)
     except NothingFits as e:  # every layout's model states alone overflow: no length fits (exit 3, as the what-if)
         return MaxSeqAnswer(policy, step, None, None, step, str(e).split(": ", 1)[-1], allocator, True)
     if isinstance(cands, str):  # no candidate at all, not one out of memory: the request itself (a policy the
@@ -328,21 +363,21 @@ def _max_seq(model: ModelConfig, gpus: int, profile: HardwareProfile, policy: st
         if hi > MAX_STEPS:
             raise MemoError(f"{policy} still fits at {MAX_STEPS} steps of {fmt_count(step)} tokens "
                             f"({fmt_count(MAX_STEPS * step)}); use a larger --step")
-        cands = _ranked(model, hi * step, gpus, profile, policy, framework, allocator, fixed)
-        if not _fits(cands):
+        cands = _ranked(model, hi * step, gpus, profile, policy, framework, allocator, fixed, fits_only=True)
+        if not _fits(cands):  # every candidate: what binds there, where this is the first failing length
             break
         lo = hi
     fail = cands
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        c = _ranked(model, mid * step, gpus, profile, policy, framework, allocator, fixed)
+        c = _ranked(model, mid * step, gpus, profile, policy, framework, allocator, fixed, fits_only=True)
         if _fits(c):
             lo = mid
         else:
             hi, fail = mid, c
     def fits_at(k: int) -> bool:
         try:
-            return _fits(_ranked(model, k * step, gpus, profile, policy, framework, allocator, fixed))
+            return _fits(_ranked(model, k * step, gpus, profile, policy, framework, allocator, fixed, fits_only=True))
         except MemoError:  # NothingFits: not at this length either
             return False
 
