@@ -1380,6 +1380,14 @@ HISTORY = (
      {"torchtitan-t4-2d": -0.135, "torchtitan-t4-2d-asynctp": -0.186, "torchtitan-t5-1f1b": -0.160,
       "torchtitan-t5-interleaved": -0.187, "torchtitan-t6-cp1": -0.129, "torchtitan-t6-cp2": -0.202,
       "torchtitan-t6-cp4": -0.178, "torchtitan-t6-cp8": -0.244}),
+    ("b3b5c27", "2026-12-03", "before TransformerEngine's p2p ring (Megatron-LM's) and PyTorch's CP ran one attention "
+     "kernel per ring step over the rank's two chunks (`RingMerge.step_kernels`: memo priced the zigzag blocks of its "
+     "executor, one kernel per pair of chunks)",
+     {"torchtitan-t2-cp2": -0.016, "torchtitan-t2-cp4": -0.260, "torchtitan-t2-cp8": -0.289,
+      "torchtitan-t6-cp2": -0.213, "torchtitan-t6-cp4": -0.185, "torchtitan-t6-cp8": -0.248,
+      "moe-zoo-qwen3-235b-long-32k-forced": -0.092, "moe-zoo-qwen3-235b-long-32k-dropless": -0.249,
+      "moe-zoo-qwen3-235b-long-64k-forced": -0.065, "moe-zoo-qwen3-235b-long-64k-dropless": -0.187,
+      "moe-zoo-qwen3-235b-long-128k-forced": -0.049, "moe-zoo-qwen3-235b-long-128k-dropless": -0.128}),
 )
 
 
