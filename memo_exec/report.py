@@ -434,33 +434,33 @@ def pipeline_rank0_prediction(plan, sim, sim_note: str = "the re-simulation") ->
 
 def grad_sync_note(plan) -> str | None:
     """Where the plan prices a data-parallel collective overlapped that memo-exec runs exposed
-    (memo_exec/distributed/zero.py, `GradSync`), one sentence, else None: under ``layout.grad_overlap`` (each layer's
-    gradient bucket reduced beside the next layer's backward) ZeRO 0 all-reduces and ZeRO 1 reduce-scatters every
-    gradient unit after the whole backward (`GradSync.end_backward`), and ZeRO 2 and 3 reduce-scatter each layer's
-    right after its backward in the compute's order, so the next layer's backward waits for it
-    (`GradSync.after_backward`); under ``layout.param_gather`` ``overlap`` (each layer's weights gathered beside the
-    next forward) ZeRO 1 and 2 all-gather every unit's updated weights after the optimizer step, before the next
-    forward (`GradSync.step`). Only where the weights have replicas (``layout.state_shards``: dp x cp x ulysses > 1;
-    one rank a group runs no collective) and the plan prices them overlapped; FSDP beside pipeline stages reduces
-    after a chunk's last backward as the simulator prices it, and ZeRO 3's gathers run one layer ahead as priced."""
+    (memo_exec/distributed/zero.py, `GradSync`), one sentence, else None. A schedule that runs its layers with the
+    layer hooks (`memo_exec.distributed.schedule.Schedule.calls_layer_hooks`: one stage, 1F1B, interleaved 1F1B)
+    overlaps them as priced: each layer's reduction beside the next backward (``layout.grad_overlap``), ZeRO 1 / 2's
+    updated weights gathered beside the next forward (``layout.param_gather`` ``overlap``), ZeRO 3's gathers a layer
+    ahead. One that does not (SPPO's, ZeRO 0 or 1) reduces every gradient unit after the whole backward
+    (`GradSync.end_backward`) and gathers ZeRO 1's weights after the optimizer step (`GradSync.step`). Only where
+    the weights have replicas (``layout.state_shards``: dp x cp x ulysses > 1; one rank a group runs no
+    collective)."""
+    from memo_exec.distributed.schedule import SCHEDULES, registered  # noqa: PLC0415
+    from memo_exec.errors import ExecError  # noqa: PLC0415
+
     lay = plan.layout
     if getattr(lay, "state_shards", 1) <= 1:
         return None
+    registered()
+    try:
+        if SCHEDULES.get(getattr(plan, "schedule", "single_stage")).calls_layer_hooks:
+            return None
+    except ExecError:  # a schedule this executor does not run: refused before the run, nothing to note
+        return None
     z = lay.zero
-    per_chunk = z >= 3 and getattr(lay, "dp_mode", "") == "fsdp" and getattr(lay, "grads_reduced_per_chunk", False)
     parts = []
-    if getattr(lay, "grad_overlap", False) and not per_chunk:
-        if z == 0:
-            parts.append("its gradient all-reduce overlapped with the backward (layout grad_overlap), memo-exec "
-                         "all-reduces every gradient unit after the whole backward")
-        elif z == 1:
-            parts.append("its gradient reduce-scatter overlapped with the backward (layout grad_overlap), memo-exec "
-                         "reduce-scatters every gradient unit after the whole backward")
-        else:
-            parts.append(f"its gradient reduce-scatter overlapped with the backward (layout grad_overlap), memo-exec "
-                         f"under ZeRO {z} reduce-scatters each layer's right after that layer's backward, which the "
-                         f"next layer's backward waits for")
-    if z in (1, 2) and getattr(lay, "param_gather", "") == "overlap":
+    if getattr(lay, "grad_overlap", False) and z <= 1:
+        op = "all-reduce" if z == 0 else "reduce-scatter"
+        parts.append(f"its gradient {op} overlapped with the backward (layout grad_overlap), memo-exec under the "
+                     f"{plan.schedule} schedule {op}s every gradient unit after the whole backward")
+    if z == 1 and getattr(lay, "param_gather", "") == "overlap":
         parts.append("its updated-weight all-gather overlapped with the next forward (layout param_gather overlap), "
                      "memo-exec all-gathers every unit's weights after the optimizer step, before the next forward")
     if not parts:

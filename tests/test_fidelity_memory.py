@@ -24,8 +24,9 @@ def test_model_state_bytes_per_parameter(zero, precision, w, g, m, o):
         grads    g·P/t  (/n from ZeRO-2)
         master + Adam (m + o)·P/t  (/n from ZeRO-1)
         ZeRO-3 also holds two gathered layers, 2·w·P_layer/t, and the output head gathered for the classifier,
-        w·V·h/t; ZeRO-2 and 3 a layer's and the head's whole gradients before their reduce-scatter,
-        g·(P_layer + V·h)/t.
+        w·V·h/t; ZeRO-2 and 3 two layers' (the one being reduce-scattered and the next being made, the
+        reductions overlapping the backward) and the head's whole gradients before their reduce-scatter,
+        g·(2·P_layer + V·h)/t.
     Megatron bf16: w=2, g=4 (fp32 main grads), m=4, o=8: 18 bytes per parameter unsharded."""
     model = ModelConfig("m", 4, 1024, 8, 4096, precision=precision)
     lay = Layout(tp=2, cp=2, dp=2, zero=zero)
@@ -33,7 +34,7 @@ def test_model_state_bytes_per_parameter(zero, precision, w, g, m, o):
     want = (w * p / (n if zero >= 3 else 1) + g * p / (n if zero >= 2 else 1)
             + (m + o) * p / (n if zero >= 1 else 1)
             + (2 * w * model.layer_params() / 2 + w * model.vocab * model.hidden / 2 if zero >= 3 else 0)
-            + (g * (model.layer_params() + model.vocab * model.hidden) / 2 if zero >= 2 else 0))
+            + (g * (2 * model.layer_params() + model.vocab * model.hidden) / 2 if zero >= 2 else 0))
     assert model_state_bytes(model, lay) == pytest.approx(want)
     assert sum(model_state_parts(model, lay).values()) == pytest.approx(want)
 

@@ -60,24 +60,30 @@ def test_fsdp_over_the_whole_group_is_zero3_but_for_the_working_weights_shard():
     assert off["weights"] == a["weights"] and off["master_and_optimizer"] == 0
 
 
-def test_zero2_and_3_hold_a_layers_and_the_heads_whole_gradients_before_their_reduce_scatter():
+def test_zero2_and_3_hold_two_layers_and_the_heads_whole_gradients_before_their_reduce_scatter():
     """ZeRO 2 and 3 shard the gradients, but the backward writes each one whole before it is reduce-scattered into
-    its shard: memo's executor keeps the layers' shared workspace and its first unit (embedding, head) whole
-    (`memo_exec.distributed.zero.GradSync`), DeepSpeed copies them into its bucket, FSDP2 casts the unsharded
-    gradient to its reduce dtype; the simulator counted the shards alone (the executor's estimate did not)."""
+    its shard: memo's executor keeps two layer workspaces (one being reduce-scattered under the next layer's
+    backward) and its first unit (embedding, head) whole (`memo_exec.distributed.zero.GradSync`), DeepSpeed copies
+    them into its two buckets, FSDP2 casts the unsharded gradient to its reduce dtype and keeps the reduce-scatter
+    input until the next layer's post-backward; the simulator counted the shards alone once (the executor's estimate
+    did not), then one layer's whole gradients (`memo_sim.cost.memory.unsharded_grad_units`)."""
     lay = Layout(dp=32, tp=2, zero=2)
-    whole = M.recipe.grad_bytes * (layer_gpu_params(M, lay).local + M.vocab * M.hidden / 2)
+    whole = M.recipe.grad_bytes * (2 * layer_gpu_params(M, lay).local + M.vocab * M.hidden / 2)
     for z, mode in ((2, "zero"), (3, "zero"), (3, "fsdp")):
         parts = model_state_parts(M, dataclasses.replace(lay, zero=z, dp_mode=mode))
         assert parts["unsharded_grads"] == pytest.approx(whole)
     assert model_state_parts(M, dataclasses.replace(lay, zero=1))["unsharded_grads"] == 0
-    # a mixture of experts: the experts' share is one layer's routed experts (no head)
+    # a mixture of experts: the experts' share is two layers' routed experts (no head)
     moe = PRESETS["qwen3-30b-a3b"]
     ep = Layout(dp=16, ep=8, zero=2)
     assert model_state_parts(moe, ep, experts_only=True)["unsharded_grads"] == pytest.approx(
-        moe.recipe.grad_bytes * layer_gpu_params(moe, ep).expert_local)
+        moe.recipe.grad_bytes * 2 * layer_gpu_params(moe, ep).expert_local)
     assert model_state_parts(moe, ep)["unsharded_grads"] == pytest.approx(
-        moe.recipe.grad_bytes * (layer_gpu_params(moe, ep).local + moe.vocab * moe.hidden))
+        moe.recipe.grad_bytes * (2 * layer_gpu_params(moe, ep).local + moe.vocab * moe.hidden))
+    # reduced one after the other, not beside the backward: one layer's
+    serial = dataclasses.replace(lay, grad_overlap=False)
+    assert model_state_parts(M, serial)["unsharded_grads"] == pytest.approx(
+        M.recipe.grad_bytes * (layer_gpu_params(M, lay).local + M.vocab * M.hidden / 2))
 
 
 def test_hsdp_shards_inside_the_node_and_reduces_across():

@@ -242,8 +242,9 @@ def test_moe_split_counts_expert_states_from_their_own_shards(zero):
             + (r.master_bytes + r.optimizer_bytes) * shard)
     if zero >= 3:  # the two gathered layers' dense part, and the output head gathered for the classifier
         want += 2 * r.weight_bytes * (m.layer_params() - m.expert_layer_params()) + r.weight_bytes * m.vocab * m.hidden
-    if zero >= 2:  # a layer's dense part's and the head's whole gradients before their reduce-scatter
-        want += r.grad_bytes * (m.layer_params() - m.expert_layer_params() + m.vocab * m.hidden)
+    if zero >= 2:  # two layers' dense parts' and the head's whole gradients before their reduce-scatter (the
+        # reductions beside the backward: `memo_sim.cost.memory.unsharded_grad_units`)
+        want += r.grad_bytes * (2 * (m.layer_params() - m.expert_layer_params()) + m.vocab * m.hidden)
     assert s.memory_bytes["dense states"] == pytest.approx(want, rel=1e-6)
     assert s.memory_bytes["dense states"] + s.memory_bytes["expert states"] == pytest.approx(
         sum(model_state_parts(m, lay).values()))

@@ -26,15 +26,16 @@ def _parts(layout: Layout) -> dict[str, float]:
 def test_fsdp_casts_a_one_rank_expert_groups_experts():
     """torchtitan puts a block's experts in its fully_shard unit whatever the expert mesh's size, and a one-rank
     mesh's unshard still casts them to bf16 (and its post-backward makes their whole gradient): under FSDP without
-    resharding every layer's experts are held in bf16 beside their fp32 shard, one layer's whole fp32 gradient too
-    (the review's count: 11.27 GB + 0.70 GB the states left out on Mixtral-8x7B, 8 GPUs, ep 8)."""
+    resharding every layer's experts are held in bf16 beside their fp32 shard, whole fp32 gradients too: one layer's
+    (the review's count: 11.27 GB + 0.70 GB the states left out on Mixtral-8x7B, 8 GPUs, ep 8), two since the
+    reduce-scatter input is held until the next layer's post-backward (`memo_sim.cost.memory.unsharded_grad_units`)."""
     keep = Layout(dp=8, ep=8, zero=3, dp_mode="fsdp", reshard_after_forward=False)
     assert keep.expert_dp == 1
     per_layer = layer_gpu_params(MIXTRAL, keep).expert_local
     assert per_layer == 8 * 3 * 4096 * 14336 / 8
     p = _parts(keep)
     assert p["gathered_layers"] == MIXTRAL.layers * 2 * per_layer  # every layer's bf16 experts, kept to its backward
-    assert p["unsharded_grads"] == 4 * per_layer  # one layer's whole gradient in the fp32 reduce dtype
+    assert p["unsharded_grads"] == 2 * 4 * per_layer  # two layers' whole gradients in the fp32 reduce dtype
     resharded = _parts(dataclasses.replace(keep, reshard_after_forward=True))
     assert resharded["gathered_layers"] == 2 * 2 * per_layer  # this layer's and the prefetched one's
 

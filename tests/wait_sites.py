@@ -18,8 +18,9 @@ and the test fails on it). Left out on purpose:
 - ``memo_exec/calibrate``: the device microbenchmarks, which time raw streams and launch
   processes; no training step runs there.
 - the MoE dispatch (`memo_exec.moe.comm`), Ulysses and ZeRO's other collectives: blocking
-  (``async_op=False``), they return with the data in place -- no buffer in flight, no wait (ZeRO 3's
-  all-gathers issued a layer ahead are in flight: their wait is a primitive, `zero._Gathering.wait`).
+  (``async_op=False``), they return with the data in place -- no buffer in flight, no wait (ZeRO's all-gathers
+  issued a layer ahead and its gradient reductions issued beside the backward are in flight: their wait is a
+  primitive, `zero._Gathering.wait`).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from memo_exec.distributed.attention import RingAttention, UlyssesAttention
 from memo_exec.distributed.context import DistContext, layout_context, local_token_index
 from memo_exec.distributed.schedule import schedule_for
 from memo_exec.distributed.tp import flavour_for
-from memo_exec.distributed.zero import GradSync
+from memo_exec.distributed.zero import GradSync, overlaps_reductions
 from memo_exec.errors import ExecError, MemoryPlanError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, storage_bytes
 from memo_exec.memory_estimate import PEAK_TERMS, STATIC_TERMS, TRANSIENT_TERMS, MemoryEstimate, peak_total
@@ -441,7 +441,11 @@ class DistExecutor(ExecutorBase):
         # under FSDP without resharding every layer's (as the dense)
         e_gathered = 2 * expert_layer if lay.dp_mode != "fsdp" or lay.reshard_after_forward else experts
         e_weights = experts * e if ze < 3 else experts * e // De + e_gathered * e
-        e_grads = experts * e if ze < 2 or per_chunk else experts * e // De + expert_layer * e
+        # ZeRO 2 / 3 with each layer's reduction beside the next backward: two layers' workspaces (`GradSync`)
+        hooks = self.schedule.layer_backwards_per_step()
+        n_units = len(self.held) + (self.model.mtp_layers if self.schedule.holds_mtp() else 0)  # layer units
+        e_ws = 2 if overlaps_reductions(lay, hooks, De) and n_units > 1 else 1
+        e_grads = experts * e if ze < 2 or per_chunk else experts * e // De + e_ws * expert_layer * e
         e_shard = experts // De if ze >= 1 else experts
         D = self.ctx.size("data") if lay.zero else 1
         z = lay.zero if D > 1 else 0
@@ -450,8 +454,10 @@ class DistExecutor(ExecutorBase):
         # resharding every unit (each held layer kept from its forward to its backward, beside the embedding's)
         gathered = largest + layer_unit if lay.dp_mode != "fsdp" or lay.reshard_after_forward else P
         weights = (P * e if z < 3 else P * e // D + gathered * e) + e_weights
-        # ZeRO 2 / 3: every unit's shard, the layers' shared workspace and the first unit whole (`GradSync`)
-        grads = (P * e if z < 2 or per_chunk else P * e // D + largest * e) + e_grads
+        # ZeRO 2 / 3: every unit's shard, the layers' shared workspace (two, overlapped) and the first unit whole
+        # (`GradSync`)
+        ws = 2 if overlaps_reductions(lay, hooks, self.ctx.size("data")) and n_units > 1 else 1
+        grads = (P * e if z < 2 or per_chunk else P * e // D + largest * e + (ws - 1) * layer_unit * e) + e_grads
         shard = (P // D if z >= 1 else P) + e_shard  # the parameters this rank's optimizers update
         optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(shard, self.dtype)
         states = weights + grads + optimizer  # optimizer offload: AdamW's states on the host
@@ -627,7 +633,8 @@ class DistExecutor(ExecutorBase):
         # each unit's collectives named by its model layer (a pipeline stage's held layers, then the modules')
         self.unit_model_layers = self.held + [m.layers + k for k in range(len(gpt.mtp))]
         self.sync = GradSync(ctx, units, replicated, lay.zero, dev, dt, self.opts.lr, self.opts.weight_decay,
-                             self.recorder, layers=self.unit_model_layers)
+                             self.recorder, layers=self.unit_model_layers,
+                             backwards_per_step=self.schedule.layer_backwards_per_step())
         self.expert_groups = self.expert_sync = None
         if m.moe:
             self._set_up_experts(gpt, is_expert)
@@ -663,7 +670,8 @@ class DistExecutor(ExecutorBase):
         if any(units):
             self.expert_sync = GradSync(self.ctx, units, [[False] * len(u) for u in units], self.layout.zero,
                                         self.device, self.dtype, self.opts.lr, self.opts.weight_decay, self.recorder,
-                                        over=(g.edp_group, g.edp, g.edp_rank), layers=self.unit_model_layers)
+                                        over=(g.edp_group, g.edp, g.edp_rank), layers=self.unit_model_layers,
+                                        backwards_per_step=self.schedule.layer_backwards_per_step())
 
     def make_mtp_run(self, policy) -> MTPRun:
         """The runtimes of the multi-token-prediction modules this rank holds, for one micro-batch's rows at a time

@@ -21,6 +21,9 @@ it allocates: ``ex.ctx``, ``ex.model``, ``ex.plan``, ``ex.layout``) and provides
 - ``build_runtimes()``: allocate the activation policy (``ex.policy``, with ``begin_step`` /
   ``end_step`` / ``close``) and the layer runtimes; the default builds one policy over the held
   layers and ``ex.runtimes`` (one `memo_exec.model.LayerRuntime` per held layer);
+- ``layer_backwards_per_step() -> int | None``: how many backwards each held layer runs in a step with the layer
+  hooks around each (``plan.micro_batches``; None where the class sets ``calls_layer_hooks`` False, and the
+  data-parallel collectives do not overlap the backward, `memo_exec.distributed.zero.GradSync`);
 - ``holds_mtp() -> bool``: whether this rank holds the multi-token-prediction modules (`memo_exec.mtp`; every
   rank of one stage by default, a pipeline's last rank alone), and ``build_mtp()``, after ``build_runtimes``: their
   runtimes (``ex.mtp``; the default one `memo_exec.mtp.MTPRun` over ``ex.policy``, None without modules);
@@ -83,6 +86,9 @@ def schedule_for(plan) -> type:
 class Schedule:
     name = "base"
     pipelined = False  # a micro-batch pipeline's rank: its activation policies' instances share its buffers
+    # whether each held layer's forward and backward run in `memo_exec.model.LayerRuntime`s with the layer hooks,
+    # one backward per micro-batch (`layer_backwards_per_step`)
+    calls_layer_hooks = True
 
     def __init__(self, ex) -> None:
         self.ex = ex
@@ -109,6 +115,12 @@ class Schedule:
 
     def holds_mtp(self) -> bool:
         return True
+
+    def layer_backwards_per_step(self) -> int | None:
+        """How many backwards each held layer runs in a step, the layer hooks called around each (one per
+        micro-batch): what lets `memo_exec.distributed.zero.GradSync` reduce a layer's gradient beside the next
+        backward once it is complete; None where the schedule runs its layers otherwise (nothing overlaps then)."""
+        return self.ex.plan.micro_batches if self.calls_layer_hooks else None
 
     def build_mtp(self):
         ex = self.ex

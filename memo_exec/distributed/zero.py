@@ -49,6 +49,32 @@ and kept (``reshard_after_forward`` off, a layout rule there), its gradients acc
 into the rank's slice and its gathered weights freed (`end_chunk`, FSDP's post-backward with the stage's last
 backward); only the optimizer states and the fp32 master weights stay sharded through the step.
 
+Overlap, as the simulator prices it (`memo_sim.cost.grad_sync`, `memo_sim.engine.schedules.single_stage`), where
+the schedule calls the layer hooks once per micro-batch and layer (``backwards_per_step``: the one-stage and pipeline
+schedules; SPPO's runs its layers itself and reduces after its backward):
+
+- ``layout.grad_overlap`` (each layer's gradient bucket reduced beside the next layer's backward): a unit's reduction
+  is issued (``async_op``) right after its backward completes its gradient -- under ZeRO 0 / 1 the last micro-batch's
+  backward of the layer (the count of its backwards reaching ``backwards_per_step``), under ZeRO 2 / 3 every
+  micro-batch's -- and waited for where its buffer is next needed: ZeRO 0 / 1 at the backward's end
+  (`end_backward`), ZeRO 2 / 3 before a layer's backward writes into the gradient workspace the reduction reads. The
+  layers' workspace is double-buffered there (unit k accumulates into workspace k % 2, as DeepSpeed's two
+  ``ipg`` buffers under ``overlap_comm``): one layer's reduction runs under the next layer's backward. At most two
+  reductions are in flight (a third waits for the oldest), so ZeRO 1 holds at most two reduced slices beside the
+  gradients. The TP sync of a unit's replicated weights (below) runs before its reduction is issued, and HSDP's
+  replica all-reduce where the reduce-scatter is waited for. A unit whose backward runs again after its reduction
+  was issued (a schedule that does not call the hooks as it says) is refused at once: its gradient would be wrong.
+- ``layout.param_gather`` ``overlap`` under ZeRO 1 / 2 (each layer's updated weights gathered beside the forward):
+  the optimizer step leaves every unit's weights stale but for the rank's own slice; the next step gathers unit 0
+  (the embedding's and the head's) at its start and each layer's two layers ahead, as ZeRO 3's prefetch does (layers
+  0 and 1 at the step's start, layer i + 2 after layer i's forward), a layer's forward waiting for its own gather.
+  Every gather in flight is waited for before the optimizer writes the shards it reads. With ``param_gather``
+  ``after_step`` (DeepSpeed's) every unit is gathered right after the step, as before.
+
+The guard (`memo_exec.happens_before.TransferGuard`) is told of every overlapped collective: a layer that reads
+weights its gather has not written, or a backward that writes a workspace its reduction still reads (a wait removed),
+is refused at once.
+
 Before the data-group reduction, gradients of parameters that every TP rank holds whole
 (LayerNorms, row-parallel biases, embedding) are all-reduced over the TP group when the tokens
 are split over it (Megatron SP): each TP rank saw only its own tokens.
@@ -75,6 +101,7 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.distributed.collectives import all_gather_single, reduce_scatter_single
+from memo_exec.errors import ExecError
 from memo_exec.happens_before import Region, transfer_guard
 from memo_exec.wait_switch import wait_primitive
 from torch import nn
@@ -82,6 +109,15 @@ from torch import nn
 from memo_exec.layer import HEAD_SHARED
 from memo_exec.model import LayerHooks
 from memo_exec.optim_offload import make_adamw
+
+
+def overlaps_reductions(layout, backwards_per_step: int | None, size: int) -> bool:
+    """Whether a `GradSync` over ``size`` ranks issues each unit's gradient reduction beside the next backward (module
+    docs): ``layout.grad_overlap``, a schedule that calls the layer hooks (``backwards_per_step``), and not FSDP beside
+    pipeline stages (each chunk's reduced after its last backward). The memory estimate's rule too (two gradient
+    workspaces under ZeRO 2 / 3: `memo_exec.distributed.runner.DistExecutor._estimate`)."""
+    per_chunk = layout.dp_mode == "fsdp" and layout.zero >= 3 and layout.grads_reduced_per_chunk
+    return backwards_per_step is not None and layout.grad_overlap and not per_chunk and size > 1
 
 
 class _Unit:
@@ -113,12 +149,17 @@ class _Unit:
 
 
 class _Gathering:
-    """A unit's all-gather issued ahead of its layer (`GradSync._prefetch`): in flight until ``wait``, which the
+    """A collective issued without waiting for it (a unit's all-gather ahead of its layer, `GradSync._prefetch`, or
+    its gradient reduction beside the next backward, `GradSync._issue_reduce`): in flight until ``wait``, which the
     guard (`memo_exec.happens_before.TransferGuard`, None: the check is off) is told of."""
 
-    def __init__(self, work, span, guard, token: int) -> None:
-        """``span``: the gather's open span, closed at the wait (None: its work's completion closes it)."""
+    def __init__(self, work, span, guard, token: int, part: torch.Tensor | None = None,
+                 keep: torch.Tensor | None = None) -> None:
+        """``span``: the collective's open span, closed at the wait (None: its work's completion closes it);
+        ``part``: a reduction's output slice (None: in place); ``keep``: an input the collective reads, held until
+        the wait."""
         self.work, self.span, self.guard, self.token = work, span, guard, token
+        self.part, self.keep = part, keep
 
     @wait_primitive
     def wait(self) -> None:
@@ -134,11 +175,13 @@ class GradSync(LayerHooks):
 
     def __init__(self, ctx, units: list[list[tuple[str, nn.Parameter]]], replicated: list[list[bool]], zero: int,
                  device, dtype, lr: float, weight_decay: float, timer, over: tuple | None = None,
-                 layers: list[int] | None = None) -> None:
+                 layers: list[int] | None = None, backwards_per_step: int | None = None) -> None:
         """``over``: (group, size, coordinate) the states are reduced and sharded over in place of the data group
         (the routed experts' expert data-parallel group; no TP sync, no HSDP: module docs). ``layers``: the model
         layer of each unit after the first, as its collectives' spans name it (default: its position, the held
-        layers of one stage)."""
+        layers of one stage). ``backwards_per_step``: how many backwards each held unit runs in a step, the layer
+        hooks called around each (the schedule's `layer_backwards_per_step`); None: the schedule does not call them
+        so, and nothing overlaps (module docs)."""
         self.layer_of = list(layers) if layers is not None else list(range(len(units) - 1))
         group, size, coord = over if over is not None else (ctx.group("data"), ctx.size("data"), ctx.coord("data"))
         zero = zero if size > 1 else 0  # one rank per group: nothing to shard
@@ -156,29 +199,41 @@ class GradSync(LayerHooks):
         # stage's FSDP gathers a layer once, at its first micro-batch's forward, and keeps it (nothing to prefetch)
         self.prefetching = zero >= 3 and not self.per_chunk
         self.inflight: dict[int, _Gathering] = {}  # unit -> its all-gather, issued and not waited for yet
-        # the gathers in flight and the reads of their buffers: a layer that reads weights its gather has not written
-        # (a wait removed) is refused at once (`memo_exec.happens_before`)
-        self.guard = transfer_guard() if self.prefetching else None
+        self.backwards_per_step = backwards_per_step
+        # each layer's gradient reduction issued beside the next backward (module docs)
+        self.overlap_grads = overlaps_reductions(lay, backwards_per_step, size) and group is not None
+        self.reducing: dict[int, _Gathering] = {}  # unit -> its reduction, issued and not waited for yet
+        self.backwards = [0] * len(units)  # each unit's backwards this step (ZeRO 0 / 1: reduced after the last)
+        self.reduced: set[int] = set()  # ZeRO 0 / 1: units whose reduction was issued this step
         hsdp = self.fsdp and over is None and ctx.size("shard") < size
         self.shard_group = ctx.group("shard") if hsdp else self.data  # what the states are sharded over
         self.replicate = ctx.group("replicate") if hsdp else None  # HSDP: the shards' copies
         self.D = (ctx.size("shard") if hsdp else size) if zero >= 1 else 1  # shards per unit
         d = (ctx.coord("shard") if hsdp else coord) if zero >= 1 else 0
         self.units = [_Unit(i, named, self.D, d, device, dtype) for i, named in enumerate(units)]
+        # ZeRO 1 / 2: each unit's updated weights gathered beside the next step's forward (module docs)
+        self.overlap_gathers = (backwards_per_step is not None and zero in (1, 2) and self.D > 1
+                                and lay.param_gather == "overlap")
+        self.stale: set[int] = set()  # units whose weights are the rank's slice alone since the optimizer step
+        # the collectives in flight and the accesses of their buffers: a layer that reads weights its gather has not
+        # written, or writes a gradient workspace its reduction still reads (a wait removed), is refused at once
+        # (`memo_exec.happens_before`)
+        self.guard = (transfer_guard() if self.prefetching or self.overlap_grads or self.overlap_gathers else None)
         self.replicated = replicated
         # with SP every replicated weight's gradient is a partial sum over the rank's tokens; without it only the
         # QK norms' (each rank's own heads: `memo_exec.layer.HEAD_SHARED`) are
         self.tp_sync = ctx.size("tp") > 1 and over is None
         self.tp_sync_all = ctx.sp_tokens
         self.sharded_grads = zero >= 2 and not self.per_chunk  # reduced into a shard after every backward
-        if self.sharded_grads:  # layers accumulate into one shared workspace; unit 0 keeps its own
+        if self.sharded_grads:  # layers accumulate into one shared workspace (two, overlapped); unit 0 keeps its own
             ws_n = max(u.padded for u in self.units[1:]) if len(self.units) > 1 else 0
-            self.workspace = torch.zeros(ws_n, device=device, dtype=dtype)
+            n_ws = 2 if self.overlap_grads and len(self.units) > 2 else 1
+            self.workspaces = [torch.zeros(ws_n, device=device, dtype=dtype) for _ in range(n_ws)]
         self.grads = []  # the flat gradient each unit accumulates into
         self.grad_shards = []
         for u in self.units:
             if self.sharded_grads and u.index > 0:
-                g = self.workspace[:u.padded]
+                g = self.workspaces[u.index % len(self.workspaces)][:u.padded]
             else:
                 g = torch.zeros(u.padded, device=device, dtype=dtype)
             self.grads.append(g)
@@ -210,8 +265,8 @@ class GradSync(LayerHooks):
         es = self.units[0].flat.element_size()
         full = sum(u.padded for u in self.units) * es
         return {"weights": full if self.zero < 3 else sum(u.shard_n for u in self.units) * es,
-                "gradients": full if not self.sharded_grads else (self.workspace.numel() + self.units[0].padded +
-                                                          sum(u.shard_n for u in self.units)) * es,
+                "gradients": full if not self.sharded_grads else (sum(w.numel() for w in self.workspaces) +
+                                                          self.units[0].padded + sum(u.shard_n for u in self.units)) * es,
                 "optimizer": self.optimizer.state_bytes()}
 
     # ------------------------------------------------------------------ ZeRO-3 materialisation
@@ -252,13 +307,45 @@ class GradSync(LayerHooks):
         shard = self.param_shards[u.index].detach()
         token = (self.guard.posted(f"param_all_gather of unit {index}", sends=[Region.of(shard, f"unit {index} shard")],
                                    recvs=[Region.of(u.flat, f"unit {index} weights")]) if self.guard is not None else 0)
-        span = self.timer.span("param_all_gather", self._layer(u), "comm", stream="dp_comm", nbytes=u.nbytes)
+        work, span = self._launch("param_all_gather", u, u.nbytes,
+                                  lambda: all_gather_single(u.flat, shard, group=self.shard_group, async_op=True))
+        self.inflight[index] = _Gathering(work, span, self.guard, token)
+
+    def _launch(self, op: str, u: _Unit, nbytes: int, call) -> tuple:
+        """Issue ``call`` (a collective with ``async_op``) in a dp_comm span named ``op``: (its work, the span to
+        close at the wait, or None on gloo where the work has a future, whose completion closes it, `_prefetch`;
+        NCCL's, whose stream the host cannot mark, and gloo's reduce-scatter, which has none, close at the wait: an
+        upper bound of the transfer)."""
+        span = self.timer.span(op, self._layer(u), "comm", stream="dp_comm", nbytes=nbytes)
         span.__enter__()
-        work = all_gather_single(u.flat, shard, group=self.shard_group, async_op=True)
-        at_end = u.flat.device.type == "cpu"  # gloo: the span ends as the gather does
-        if at_end:
-            work.get_future().then(lambda _done, sp=span: sp.__exit__(None, None, None))
-        self.inflight[index] = _Gathering(work, None if at_end else span, self.guard, token)
+        work = call()
+        if u.flat.device.type == "cpu":  # gloo: the span ends as the collective does, where its work has a future
+            try:
+                future = work.get_future()
+            except RuntimeError:  # gloo's reduce-scatter (torch 2.13): "Work::getFuture not implemented"
+                return work, span
+            future.then(lambda _done, sp=span: sp.__exit__(None, None, None))
+            return work, None
+        return work, span
+
+    # ------------------------------------------------------------------ ZeRO 1 / 2 gathers beside the forward
+    def _gather_updated(self, index: int, ahead: bool) -> None:
+        """ZeRO 1 / 2 with overlapped gathers: unit ``index``'s updated weights gathered from every rank's slice, if
+        the step left them stale: issued without waiting (``ahead``; waited for where its layer starts) or now."""
+        if index not in self.stale or index in self.inflight:
+            return
+        self.stale.discard(index)
+        u = self.units[index]
+        shard = self.param_shards[index].detach().clone()  # the input apart from the output it is a slice of
+        if not ahead:
+            with self.timer.span("param_all_gather", self._layer(u), "comm", stream="dp_comm", nbytes=u.nbytes):
+                all_gather_single(u.flat, shard, group=self.shard_group)
+            return
+        token = (self.guard.posted(f"param_all_gather of unit {index}", sends=[Region.of(shard, f"unit {index} shard")],
+                                   recvs=[Region.of(u.flat, f"unit {index} weights")]) if self.guard is not None else 0)
+        work, span = self._launch("param_all_gather", u, u.nbytes,
+                                  lambda: all_gather_single(u.flat, shard, group=self.shard_group, async_op=True))
+        self.inflight[index] = _Gathering(work, span, self.guard, token, keep=shard)
 
     def _ready(self, u: _Unit) -> None:
         """Wait for unit ``u``'s prefetched all-gather, if one runs: its weights are whole after this."""
@@ -275,9 +362,15 @@ class GradSync(LayerHooks):
 
     # ------------------------------------------------------------------ hooks (LayerRuntime)
     def begin_step(self) -> None:
+        self.backwards = [0] * len(self.units)
+        self.reduced.clear()
         if self.zero >= 3:
             self._gather(self.units[0])
             self._prefetch(1)  # layer 0's, beside the first unit's (the simulator's two layers from the start)
+        elif self.stale:  # ZeRO 1 / 2 overlapped: the first unit now, layers 0 and 1 under the embedding
+            self._gather_updated(0, ahead=False)
+            self._gather_updated(1, ahead=True)
+            self._gather_updated(2, ahead=True)
 
     def before_forward(self, i: int) -> None:
         # FSDP beside stages: gathered at the first micro-batch's forward, kept to the chunk's last backward
@@ -285,8 +378,15 @@ class GradSync(LayerHooks):
             self._materialise(self.units[i + 1])
             self._use(self.units[i + 1], f"layer {i}'s forward")
             self._prefetch(i + 2)  # the next layer's, under this one
+        elif self.overlap_gathers:  # ZeRO 1 / 2: its own gather waited for (or run now, if none was issued)
+            u = self.units[i + 1]
+            self._ready(u)
+            self._gather_updated(u.index, ahead=False)
+            self._use(u, f"layer {i}'s forward")
 
     def after_forward(self, i: int) -> None:
+        if self.overlap_gathers:  # the layer two above this one's, under the next layer
+            self._gather_updated(i + 3, ahead=True)
         if self.zero >= 3 and not self.keep_gathered:
             self._free(self.units[i + 1])
             if i + 2 == len(self.units):  # the forward's last layer: the backward's first two, under the head
@@ -298,16 +398,36 @@ class GradSync(LayerHooks):
             self._materialise(self.units[i + 1])
             self._use(self.units[i + 1], f"layer {i}'s backward")
             self._prefetch(i)  # the layer below's, under this one's backward
+        if self.overlap_grads and self.sharded_grads:  # the workspace this layer accumulates into, once reduced
+            u = self.units[i + 1]
+            ws = self.grads[u.index].untyped_storage().data_ptr()
+            for j in [j for j in self.reducing if self.grads[j].untyped_storage().data_ptr() == ws]:
+                self._finish_reduce(j)
+            if self.guard is not None and u.numel:
+                self.guard.access(f"layer {i}'s backward", writes=[Region.of(self.grads[u.index],
+                                                                             f"unit {u.index} gradients")])
 
     def after_backward(self, i: int) -> None:
         if self.per_chunk:  # accumulated whole, reduced with its chunk (`end_chunk`)
             self.pending.add(i + 1)
             return
+        u = self.units[i + 1]
+        self.backwards[u.index] += 1
+        if u.index in self.reduced:
+            raise ExecError(f"unit {u.index}'s backward ran {self.backwards[u.index]} times in a step whose schedule "
+                            f"said {self.backwards_per_step}: its gradient's reduction was already issued, so this "
+                            f"backward's part would be lost (a schedule's layer_backwards_per_step is wrong)")
         if self.zero >= 2:
-            self._reduce(self.units[i + 1])
-            self.grads[i + 1].zero_()  # the shared workspace, for the next layer
+            if self.overlap_grads:  # waited for where the workspace is next written (`before_backward`)
+                self._issue_reduce(u)
+            else:
+                self._reduce(u)
+                self.grads[u.index].zero_()  # the shared workspace, for the next layer
+        elif self.overlap_grads and self.backwards[u.index] == self.backwards_per_step:  # its gradient is complete
+            self._issue_reduce(u)
+            self.reduced.add(u.index)
         if self.zero >= 3:
-            self._free(self.units[i + 1])
+            self._free(u)
 
     def end_chunk(self, positions) -> None:
         """After a pipeline chunk's last micro-batch backward (its held layers at ``positions``): FSDP beside stages
@@ -353,26 +473,75 @@ class GradSync(LayerHooks):
         g = self.grads[u.index]
         if self.data is None or not u.numel:
             return
-        layer = self._layer(u)
-        shard = self.grad_shards[u.index]
         # the reduced slice lands in a fresh buffer: under ZeRO 1 the owned slice is part of the input, under ZeRO 2 / 3
         # it is added to what earlier micro-batches left in the shard
-        part = torch.empty_like(shard) if self.zero >= 1 else None
-        with self.timer.span("grad_reduce_scatter" if self.zero >= 1 else "grad_all_reduce", layer, "comm",
-                             stream="dp_comm", nbytes=g.numel() * g.element_size()):
+        part = torch.empty_like(self.grad_shards[u.index]) if self.zero >= 1 else None
+        with self.timer.span(self._reduce_op(), self._layer(u), "comm", stream="dp_comm",
+                             nbytes=g.numel() * g.element_size()):
             if self.zero >= 1:
                 reduce_scatter_single(part, g, group=self.shard_group)
             else:
                 dist.all_reduce(g, group=self.data)
+        self._land(u, part)
+
+    def _reduce_op(self) -> str:
+        return "grad_reduce_scatter" if self.zero >= 1 else "grad_all_reduce"
+
+    def _land(self, u: _Unit, part: torch.Tensor | None) -> None:
+        """A unit's reduced gradient into its shard: HSDP's replicas summed first; ZeRO 0 reduced in place."""
+        if part is None:
+            return
         if self.replicate is not None:  # HSDP: the shard's copies summed over the replicas
-            with self.timer.span("grad_replica_all_reduce", layer, "comm", stream="dp_comm",
+            with self.timer.span("grad_replica_all_reduce", self._layer(u), "comm", stream="dp_comm",
                                  nbytes=part.numel() * part.element_size()):
                 dist.all_reduce(part, group=self.replicate)
-        if part is not None:
+        shard = self.grad_shards[u.index]
+        if self.sharded_grads:
+            shard.add_(part)
+        else:
+            shard.copy_(part)
+
+    def _issue_reduce(self, u: _Unit) -> None:
+        """Unit ``u``'s reduction issued without waiting for it (module docs): its TP sync first, the oldest of two
+        reductions in flight waited for first."""
+        self._tp_sync(u)
+        if self.data is None or not u.numel:
             if self.sharded_grads:
-                shard.add_(part)
-            else:
-                shard.copy_(part)
+                self.grads[u.index].zero_()
+            return
+        while len(self.reducing) >= 2:
+            self._finish_reduce(next(iter(self.reducing)))
+        g = self.grads[u.index]
+        part = torch.empty_like(self.grad_shards[u.index]) if self.zero >= 1 else None
+        name = f"{self._reduce_op()} of unit {u.index}"
+        grads = Region.of(g, f"unit {u.index} gradients")
+        token = 0
+        if self.guard is not None:  # a reduce-scatter reads the gradients into its slice; an all-reduce owns them
+            token = (self.guard.posted(name, sends=[grads], recvs=[Region.of(part, f"unit {u.index} reduced")])
+                     if part is not None else self.guard.posted(name, recvs=[grads]))
+        if part is not None:
+            call = lambda: reduce_scatter_single(part, g, group=self.shard_group, async_op=True)  # noqa: E731
+        else:
+            call = lambda: dist.all_reduce(g, group=self.data, async_op=True)  # noqa: E731
+        work, span = self._launch(self._reduce_op(), u, g.numel() * g.element_size(), call)
+        self.reducing[u.index] = _Gathering(work, span, self.guard, token, part=part)
+
+    def _finish_reduce(self, index: int) -> None:
+        """Wait for unit ``index``'s reduction issued ahead and land it (`_land`); a layer's workspace cleared."""
+        issued = self.reducing.pop(index)
+        issued.wait()
+        if self.guard is not None:  # the reduced gradient read now: refused while its collective may still write it
+            out = issued.part if issued.part is not None else self.grads[index]
+            self.guard.access(f"unit {index}'s reduced gradients landing", reads=[Region.of(out, f"unit {index} "
+                                                                                             f"reduced")])
+        u = self.units[index]
+        self._land(u, issued.part)
+        if self.sharded_grads and index > 0:
+            self.grads[index].zero_()
+
+    def _finish_reductions(self) -> None:
+        for index in list(self.reducing):
+            self._finish_reduce(index)
 
     def end_micro_batch(self) -> None:
         """After a micro-batch's backward that is not the step's last: under ZeRO 2 / 3 unit 0 (the embedding, final
@@ -391,15 +560,25 @@ class GradSync(LayerHooks):
                 self._settle(self.units[i])
             self._reduce(self.units[0])
             return
+        self._finish_reductions()  # the layers' reductions issued beside the backward
         for u in self.units if self.zero < 2 else self.units[:1]:
-            self._reduce(u)
+            if u.index not in self.reduced:
+                self._reduce(u)
+        self.reduced.clear()
 
     def step(self) -> None:
+        self._finish_reductions()
         for index in list(self.inflight):  # none after a whole backward (a forward without one leaves its last two)
-            self._free(self.units[index])  # waited for, then dropped: gathered again, updated, where a layer next runs
+            if self.zero >= 3:  # waited for, then dropped: gathered again, updated, where a layer next runs
+                self._free(self.units[index])
+            else:  # ZeRO 1 / 2: waited for before the optimizer writes the slice it reads
+                self._ready(self.units[index])
         self.optimizer.step()
         for u in self.units:
             if self.zero in (1, 2) and self.D > 1 and u.numel:
+                if self.overlap_gathers:  # gathered beside the next forward (`begin_step`, `after_forward`)
+                    self.stale.add(u.index)
+                    continue
                 with self.timer.span("param_all_gather", self._layer(u), "comm", stream="dp_comm",
                                      nbytes=u.nbytes):
                     all_gather_single(u.flat, self.param_shards[u.index].detach().clone(), group=self.shard_group)
@@ -407,6 +586,7 @@ class GradSync(LayerHooks):
             self._free(self.units[0])
 
     def zero_grads(self) -> None:
+        self._finish_reductions()
         for g in self.grads:
             g.zero_()
         for gs in self.grad_shards:

@@ -67,6 +67,10 @@ class SppoActivations(ActivationPolicy):
 class SppoSchedule(Schedule):
     """The SPPO pipeline of one rank (module docs)."""
 
+    # the stage runs its layers per subsequence without the layer hooks: its gradients are reduced after the
+    # backward and its ZeRO 1 weights gathered after the step (`memo_exec.distributed.zero.GradSync`)
+    calls_layer_hooks = False
+
     def __init__(self, ex) -> None:
         super().__init__(ex)
         self.runner: StageRunner | None = None

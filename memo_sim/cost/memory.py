@@ -88,12 +88,32 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # and the output head's (its vocab share under TP: a framework's buckets reduce-scatter it before the
             # embedding's gradient is made), or where the layout says so (``head_grads_unit``: memo's executor) the
             # unit of the embedding, the untied head and the final norm, whole together to the step
-            "unsharded_grads": r.grad_bytes * (layer + (0.0 if experts_only else unsharded_head_params(model, layout)
-                                                        if layout.head_grads_unit else vocab_share))
+            "unsharded_grads": r.grad_bytes * (unsharded_grad_units(layout) * _bucket(layout, layer)
+                                               + (0.0 if experts_only else unsharded_head_params(model, layout)
+                                                  if layout.head_grads_unit else vocab_share))
             if z >= 2 or as_fsdp else 0.0,
             # a quantised GEMM format's weight copies: every layer's, or only the gathered ones under ZeRO-3
             "quantised_weights": weight_cache_bytes(model, gathered if fsdp_like else model.layers + model.mtp_layers,
                                                     layout, experts_only)}
+
+
+def unsharded_grad_units(layout: Layout) -> int:
+    """How many buckets of whole gradients ZeRO 2 / 3 holds at once (a bucket: one layer's, or
+    ``layout.reduce_bucket`` elements): two where the reductions overlap the backward (``layout.grad_overlap``: the
+    bucket being reduced and the next one being made; memo's executor double-buffers its layer workspace,
+    memo_exec/distributed/zero.py; FSDP2's reduce-scatter input lives until the next layer's post-backward waits
+    for it, torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward`` /
+    ``reduce_scatter_state``; DeepSpeed's ZeRO 1 / 2 allocate two ``ipg_buffer`` buckets under ``overlap_comm``,
+    deepspeed/runtime/zero/stage_1_and_2.py ``backward``, and its ZeRO 3 fills the next bucket while its flat one
+    is reduced, stage3.py ``__reduce_and_partition_ipg_grads``), one where each is reduced before the next
+    is made."""
+    return 2 if layout.grad_overlap else 1
+
+
+def _bucket(layout: Layout, layer: float) -> float:
+    """One bucket's gradient elements: ``layout.reduce_bucket`` where the framework states one smaller than a
+    layer (XTuner's 3e8), else the layer's (``layer``)."""
+    return min(float(layout.reduce_bucket), layer) if layout.reduce_bucket else layer
 
 
 def sharded_layer_params(model: ModelConfig, layout: Layout, experts_only: bool = False,

@@ -347,6 +347,18 @@ def _stage3_prefetch(m, lay) -> dict:
             "stage3_max_live_parameters": int(lay.dp_flavour.gathered_layers(lay, m.layers) * layer)}
 
 
+def _reduce_bucket(m, lay) -> dict:
+    """The gradient bucket as memo prices it (`memo_sim.cost.memory.unsharded_grad_units`: two buckets of whole
+    gradients under overlap_comm, each one layer's parameters on a GPU, or the layout's ``reduce_bucket``):
+    ``reduce_bucket_size`` (DeepSpeed's default 5e8 elements, deepspeed/runtime/zero/config.py, would be 1 GB a bucket
+    in bf16, two of them under overlap_comm: deepspeed/runtime/zero/stage_1_and_2.py ``backward``); {} at ZeRO 0,
+    where DeepSpeed runs no ZeRO optimizer."""
+    if lay.zero < 1:
+        return {}
+    layer = -(-m.layer_params() // lay.tp)  # one layer's parameters on a GPU (its TP shard)
+    return {"reduce_bucket_size": int(min(lay.reduce_bucket, layer)) if lay.reduce_bucket else layer}
+
+
 def config(plan: Plan, applied: list[Gap]) -> dict:
     lay, pol, _ = nearest_plan(plan, applied)
     m, batch = plan.model, nearest_batch(plan, applied)  # a pipeline's replicas' sequences (`_pipeline_gap`)
@@ -363,6 +375,7 @@ def config(plan: Plan, applied: list[Gap]) -> dict:
         "gradient_clipping": 1.0,
     }
     cfg["zero_optimization"].update(_stage3_prefetch(m, lay))
+    cfg["zero_optimization"].update(_reduce_bucket(m, lay))
     if m.dtype in ("bf16", "fp16"):
         cfg[m.dtype] = {"enabled": True}
     if pol.recomputes_attention:  # full recompute, its inputs on the GPU or (checkpoint_offload) on the host

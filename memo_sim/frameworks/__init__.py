@@ -54,6 +54,10 @@ policies, and how it runs what the simulator models as a switch
   and sends them so (memo's executor, `memo_exec.device.acc_dtype`), where TransformerEngine's p2p CP sends them in
   the model's dtype (`memo_sim.cost.ring_attention.ring_shift_bytes`; PyTorch's CP says its own through
   ``ring_merge`` torch_cp);
+- ``reduce_bucket`` (optional, default 0): the gradient elements one ZeRO 2 / 3 reduction takes whole at a time, 0
+  for one layer's (memo's executor, FSDP2's per-layer units, memo's DeepSpeed export, which writes
+  ``reduce_bucket_size`` so); a framework whose configuration states a bucket size says it (XTuner's
+  deepspeed_zero3.json: 3e8; `memo_sim.cost.memory.unsharded_grad_units`);
 - ``param_gather`` (optional, default ``overlap``): how ZeRO-1/2 all-gathers the updated weights, ``overlap`` (each
   layer's gather beside the next forward: Megatron-LM's --overlap-param-gather) or ``after_step`` (one blocking
   collective at the end of the optimizer step: DeepSpeed's ``DeepSpeedZeroOptimizer.step``;
@@ -117,7 +121,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Annotated, Literal, NamedTuple
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -151,7 +155,7 @@ MECHANISMS = {"attention": "attention", "block_attention": "block_attention", "g
               "ring_merge": "ring_merge",
               "ulysses_kv": "ulysses_kv", "ulysses_bwd_resend": "ulysses_bwd_resend",
               "ring_dkv_fp32": "ring_dkv_fp32", "head_grads_unit": "head_grads_unit", "param_gather": "param_gather",
-              "replicate_fsdp": "replicate_fsdp"}
+              "replicate_fsdp": "replicate_fsdp", "reduce_bucket": "reduce_bucket"}
 
 
 def deepspeed_moe_why_not(m: ModelConfig) -> list[str]:
@@ -272,6 +276,7 @@ class _MechanismsIn(BaseModel):
     head_grads_unit: bool = Field(False, strict=True)  # ZeRO 2 / 3: embedding, head, norm gradients whole together
     param_gather: Literal[PARAM_GATHERS] = "overlap"  # ZeRO-1/2's updated-weight all-gather (`layout.parallel`)
     replicate_fsdp: bool = Field(False, strict=True)  # ZeRO 0 as FSDP2 over a shard group of one
+    reduce_bucket: Annotated[int, Field(strict=True, ge=0, le=1 << 40)] = 0  # ZeRO 2 / 3 elements a reduction takes
 
     @model_validator(mode="after")
     def _conf(self):
@@ -537,6 +542,8 @@ class Framework:
             mech["param_gather"] = "overlap"
         if lay.zero != 0:
             mech["replicate_fsdp"] = False
+        if lay.zero < 2:  # ZeRO 0 / 1 keep the gradients whole: no bucket of them is priced
+            mech["reduce_bucket"] = 0
         out = replace(lay, **mech)
         if profile is None:
             return out
@@ -555,7 +562,7 @@ def mechanism_changes(mine: Layout, theirs: Layout, profile) -> list[str]:
     moot = {"ulysses_kv": theirs.ulysses == 1, "ring_merge": theirs.cp == 1,
             "ulysses_bwd_resend": theirs.ulysses == 1, "ring_dkv_fp32": theirs.cp == 1,
             "head_grads_unit": theirs.zero < 2, "param_gather": theirs.zero not in (1, 2) or theirs.state_shards < 2,
-            "replicate_fsdp": theirs.zero > 0,
+            "replicate_fsdp": theirs.zero > 0, "reduce_bucket": theirs.zero < 2,
             "sp_regather_overlap": not (theirs.tp > 1 and theirs.sp) or theirs.sp_input_kept,
             "sp_input_kept": not (theirs.tp > 1 and theirs.sp),
             "attention": theirs.runs_blocks() or eff.priced_attention_kernel(mine.attention)

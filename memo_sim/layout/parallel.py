@@ -125,7 +125,12 @@ group of one (torchtitan at b5bcd76c, models/llama3/parallelize.py: "Always run 
 shard_degree=1 it is a no-op for the all-gather but still installs the MixedPrecisionPolicy"): the fp32 parameter is
 the master, no bf16 copy of it is kept beside it (each unit's bf16 copy is made before its use, as FSDP's gathered
 weights are) and the gradients are fp32 (``reduce_dtype``): 16 bytes a parameter where Megatron-LM's DDP keeps 18
-(`memo_sim.cost.memory.model_state_parts`); left out of `Layout.to_dict` when False.
+(`memo_sim.cost.memory.model_state_parts`); left out of `Layout.to_dict` when False. ``reduce_bucket``: the
+gradient elements one ZeRO 2 / 3 reduction takes whole at a time (0, the default, left out of `Layout.to_dict`: one
+layer's, as memo's executor reduces a layer's workspace, FSDP2 a layer's unit, and memo's DeepSpeed export writes
+``reduce_bucket_size``; XTuner's deepspeed_zero3.json states 3e8): with the reductions overlapped (``grad_overlap``)
+two such buckets are whole at once, the one being reduced and the next being made
+(`memo_sim.cost.memory.unsharded_grad_units`).
 """
 
 from __future__ import annotations
@@ -197,6 +202,7 @@ class Layout:
     head_grads_unit: bool = False  # ZeRO 2 / 3: embedding, head and final norm gradients whole together (module docs)
     param_gather: str = "overlap"  # ZeRO-1/2's updated-weight all-gather: overlap | after_step (module docs)
     replicate_fsdp: bool = False  # ZeRO 0 runs as FSDP2 over a shard group of one (torchtitan; module docs)
+    reduce_bucket: int = 0  # ZeRO 2 / 3: gradient elements one reduction takes (0: one layer's; module docs)
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
     # uneven pipeline stages (Megatron-LM's --decoder-first/last-pipeline-num-layers; 0: not set): the first
@@ -452,6 +458,8 @@ class Layout:
             del d["param_gather"]
         if not self.replicate_fsdp:  # and plans whose ZeRO 0 is DDP's theirs
             del d["replicate_fsdp"]
+        if not self.reduce_bucket:  # and plans that reduce a layer's gradients at a time theirs
+            del d["reduce_bucket"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
             del d["memory_plan"]
         if not self.optimizer_offload:  # and plans with the optimizer on the GPU theirs
@@ -507,6 +515,7 @@ class _LayoutIn(BaseModel):
     head_grads_unit: bool = Field(False, strict=True)
     param_gather: Literal[PARAM_GATHERS] = "overlap"
     replicate_fsdp: bool = Field(False, strict=True)
+    reduce_bucket: Annotated[int, Field(strict=True, ge=0, le=1 << 40)] = 0
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)
     first_stage_layers: Annotated[int, Field(strict=True, ge=0, le=1 << 12)] = 0
