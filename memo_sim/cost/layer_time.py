@@ -291,7 +291,8 @@ def _cp_gathered(att: OpCost, model: ModelConfig, layout: Layout, batch: int, se
 
 def _cp_dkv_home(model: ModelConfig, layout: Layout, batch: int, seq: int, profile: HardwareProfile) -> OpCost:
     """The backward's last dK/dV shift, posted after the last step's blocks and waited for before the
-    attention's backward returns: on the critical path (`memo_sim.cost.ring_attention`)."""
+    attention's backward returns: on the critical path (`memo_sim.cost.ring_attention`); none where the ring's last
+    step is the rank's own chunk (``RingMerge.dkv_home`` False: TransformerEngine's p2p CP)."""
     dkv = ring_attention.ring_shift_bytes(model, layout, batch, seq, grads=True)
     return OpCost("cp_ring_dkv_home", "collective", "bwd", "cp_comm", _cp_shift_seconds(dkv, layout, profile),
                   nbytes=dkv)
@@ -411,7 +412,7 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
             merge = ring_attention.ring_merge_cost(model, layout, batch, seq, profile, phase, fraction)
             if merge is not None:  # the ring's merge / accumulation passes (`memo_sim.layout.ring_merge`)
                 out.append(merge)
-        if op.kind == "attention" and layout.cp > 1 and phase == "bwd":
+        if op.kind == "attention" and layout.cp > 1 and phase == "bwd" and ring_merge(layout.ring_merge).dkv_home:
             out.append(_cp_dkv_home(model, layout, batch, seq, profile))
         if op.kind == "attention" and layout.ulysses > 1:
             out += _ulysses_after(model, layout, batch, seq, profile, phase)

@@ -26,8 +26,9 @@ K/V block cp-1 times, each shift beside the blocks of one step. The backward shi
 and the dK/dV accumulators cp times: every accumulator arrives home after cp shifts, and the last
 one is posted after the last step's blocks and waited for before the backward returns, so nothing
 hides it (ring-flash-attention's zigzag backward at 0fc25b46: ``d_kv_comm.wait()`` after the loop;
-memo's executor: the ``_wait`` after its loop; TransformerEngine's p2p CP also waits for each step's
-incoming dK/dV before adding its own, where after its loop the last one goes was not checked). The accumulators
+memo's executor: the ``_wait`` after its loop). TransformerEngine's p2p CP shifts them cp - 1 times: its
+backward's last step is the rank's own diagonal chunk (``if i == (cp_size - 1): dkv.add_(dkv_)``), whose
+accumulator has arrived home, and nothing is sent after its loop (``RingMerge.dkv_home`` False). The accumulators
 travel in the dtype the framework accumulates them in (`ring_shift_bytes`): the model's for TransformerEngine's
 p2p CP (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
 AttnFuncWithCPAndKVP2P.backward outside FP8: ``p2p_comm_buffers = [torch.empty((2, *kv.shape), dtype=kv.dtype,

@@ -127,7 +127,10 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
 
     - forward: the kernel's fp32 log-sum-exp-sized scratch (lse bytes);
       ring CP (cp > 1): the K/V double buffer, the chunk being received beside the one in use,
-      2·(k + v); the fp32 output accumulator the partial results merge into, attn·4/d; a ring that
+      2·(k + v); the fp32 output accumulator the partial results merge into, attn·4/d (TransformerEngine's p2p
+      CP, ``fwd_kv_held`` and ``fwd_step_outputs``: every K/V chunk the ring brought, cp of (k + v), and every
+      step's output in the model dtype until its merge after the ring, cp of attn, each its own allocation,
+      instead); a ring that
       gathers K/V at once (`memo_sim.layout.ring_merge` ``kv_allgather``: PyTorch's CP) holds the cp
       gathered chunks, the packed one it sent and its contiguous copy of K/V instead of the double
       buffer (`RingMerge.buffers`); where the ring sees K/V repeated to the query heads
@@ -170,7 +173,7 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     ring_kv = tb["q"] + tb["attn"] if ring.kv_at_query_heads else kv  # one K/V chunk as the ring holds it
     # the ring's K/V and gradient buffers, its dK/dV in the element size they travel in
     ring_bufs = ring.buffers(layout.cp, ring_kv, tb["q"], d, phase, ring.dkv_element_bytes(d, layout.ring_dkv_fp32),
-                             layout.ring_dkv_fp32)
+                             layout.ring_dkv_fp32, tb["attn"])
     # QK norms (Qwen3): the normalised queries and keys the kernel reads, beside the kept projections (the executor
     # normalises in scratch where the kernel runs, `memo_exec.layer.LayerCompute._attention_qk`)
     # (a framework that keeps them, ``qk_norm_kept``, holds them among the saved tensors instead)
@@ -178,7 +181,7 @@ def attention_buffers(model: ModelConfig, layout: Layout, tb: dict[str, float], 
     if phase == "fwd":
         out = qk + ([("materialised_scores", mat * (2 * d + 1))] if mat else [("attention_workspace", tb["lse"])])
         if layout.cp > 1:
-            out += [*ring_bufs, ("cp_out_accumulator_fp32", tb["attn"] * FP32 / d)]
+            out += ring_bufs  # with the output accumulator, or the steps' outputs kept (`RingMerge.buffers`)
         if layout.ulysses > 1:
             out += [("ulysses_qkv_alltoall", qkv), ("ulysses_attn_alltoall", tb["attn"])]
         return out
