@@ -905,9 +905,11 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         f"of the layer at a5's layout, where the host's issuing is measured); attention takes "
         f"{_share(r.run, 'attention')} of memo's layer here, priced as TransformerEngine's p2p ring runs it, one "
         "cuDNN kernel per ring step over the rank's two chunks (ring_merge te_p2p, read in its source) on the curve "
-        "measured on an H200 at each kernel's size; what memo does not price of that ring: its per-step softmax-lse "
-        "and fp32 output corrections, the backward's per-step gradient additions, and the two streams its steps' "
-        "kernels alternate on (the megatron framework data's not_modelled)")) for k in ("32k", "64k", "128k")},
+        "measured on an H200 at each kernel's size, with the passes its source makes beside them (the step outputs' "
+        "corrections after the ring, the per-step dQ/dK/dV additions, in the model dtype: 1febe9a, which made these "
+        "rows 0.8-1.5 points slower); what memo does not price of that ring: its per-step softmax-lse corrections "
+        "(about 1.5% of the output corrections' bytes) and the two streams its steps' kernels alternate on (the "
+        "megatron framework data's not_modelled)")) for k in ("32k", "64k", "128k")},
     **{f"moe-zoo-qwen3-235b-long-{k}-dropless": (
         "the router's real expert loads, on top of the forced row's gap at the same length. memo's dropless takes a "
         "uniform router's loads (the busiest of 8 EP ranks under multinomial routing), the loads the forced row's "
@@ -1388,6 +1390,14 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-32k-forced": -0.092, "moe-zoo-qwen3-235b-long-32k-dropless": -0.249,
       "moe-zoo-qwen3-235b-long-64k-forced": -0.065, "moe-zoo-qwen3-235b-long-64k-dropless": -0.187,
       "moe-zoo-qwen3-235b-long-128k-forced": -0.049, "moe-zoo-qwen3-235b-long-128k-dropless": -0.128}),
+    ("1febe9a", "2026-12-03", "before TransformerEngine's p2p ring (Megatron-LM's) made its passes beside the kernels "
+     "as its source does (the step outputs corrected into the model-dtype output after the ring, dQ/dK/dV added "
+     "step by step, every K/V chunk and step output held through the forward, no dK/dV shift home after its last, "
+     "diagonal step: `ring_merge` te_p2p) and before ZeRO 2 / 3 held two buckets of whole gradients beside the "
+     "overlapped reductions (9eee8dc: no step moved, the maxima's memory error 22.3% to 22.6%)",
+     {"moe-zoo-qwen3-235b-long-32k-forced": -0.125, "moe-zoo-qwen3-235b-long-32k-dropless": -0.276,
+      "moe-zoo-qwen3-235b-long-64k-forced": -0.106, "moe-zoo-qwen3-235b-long-64k-dropless": -0.222,
+      "moe-zoo-qwen3-235b-long-128k-forced": -0.093, "moe-zoo-qwen3-235b-long-128k-dropless": -0.168}),
 )
 
 
