@@ -539,7 +539,10 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(pp=2, dp=2, ep=2), pol="full_recompute", batch=4, schedule="1f1b", micro=1,
              variant=LLAMA4_MODEL),
         # Llama 4's weight on the input of the ETP pair's gathered copies (as Megatron-Core's experts apply it)
-        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2), pol="memo", variant=LLAMA4_MODEL)]
+        dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2), pol="memo", variant=LLAMA4_MODEL),
+        # ZeRO 2 over expert-DP pairs on dense and MoE layers in turn: each MoE layer's expert reduce-scatter runs
+        # under the next layers' backward in the other of the two workspaces (`memo_exec.distributed.zero`)
+        dict(lay=dict(dp=4, ep=2, zero=2), pol="store_all", batch=2, micro=1, variant=3, steps=3)]
 # the ETP, ZeRO, FSDP and GPT-OSS cases in the slow selection, which CI runs beside the default one (the two take
 # about as long: .ci/run)
 FOUR, FOUR_MORE = FOUR[:10], FOUR[10:]

@@ -226,6 +226,13 @@ def test_kept_graph_reads_weights_gathered_back_in_place():
 
 
 # ------------------------------------------------------------------------------- two ranks
+def _slots(sync) -> list[int]:
+    """The workspace index of each layer unit of a ZeRO 2 / 3 ``sync`` that holds parameters ([] below ZeRO 2)."""
+    ws = [w.untyped_storage().data_ptr() for w in getattr(sync, "workspaces", [])] if sync is not None else []
+    return [ws.index(sync.grads[u.index].untyped_storage().data_ptr()) for u in sync.units[1:] if u.numel] if ws \
+        else []
+
+
 def rank_kept(rank: int, world: int, cases) -> list:
     from memo_exec.device import DeviceSpec
     from memo_exec.distributed.context import build_context
@@ -256,7 +263,9 @@ def rank_kept(rank: int, world: int, cases) -> list:
                                + (sum(ex.expert_sync.state_bytes().values()) if ex.expert_sync is not None else 0)),
                     "expert_states": ex.expert_sync.state_bytes() if ex.expert_sync is not None else None,
                     # ZeRO 2 / 3: the layers' gradient workspaces (two where reductions overlap the backward)
-                    "expert_ws": [w.numel() * w.element_size() for w in getattr(ex.expert_sync, "workspaces", [])]})
+                    "expert_ws": [w.numel() * w.element_size() for w in getattr(ex.expert_sync, "workspaces", [])],
+                    # the workspace each layer unit holding experts accumulates into
+                    "expert_slots": _slots(ex.expert_sync)})
         ex.close()
     return out
 
@@ -333,7 +342,9 @@ def test_the_estimates_model_states_are_what_the_rank_allocates(two_ranks, case)
 CASES4 = [(dict(tp=2, sp=True, dp=2, ep=2), "store_all", 0),
           (dict(tp=2, sp=True, dp=2, ep=2, zero=1), "store_all", 0),
           (dict(tp=2, sp=True, dp=2, etp=2, zero=2), "memo", 4),
-          (dict(tp=2, sp=True, dp=2, ep=2, zero=3), "store_all", 0)]
+          (dict(tp=2, sp=True, dp=2, ep=2, zero=3), "store_all", 0),
+          # dense layers between the MoE layers (Llama 4's pattern): the expert units take the two workspaces in turn
+          (dict(tp=2, sp=True, dp=2, ep=2, zero=2), "store_all", 3)]
 
 
 def test_expert_states_are_zero_sharded_over_the_expert_dp_ranks_four_ranks():
@@ -352,7 +363,9 @@ def test_expert_states_are_zero_sharded_over_the_expert_dp_ranks_four_ranks():
     for r in res:  # the etp2 layout's shard (half the weights) and two layers' workspaces
         s, ws = r[2]["expert_states"], r[2]["expert_ws"]
         assert len(ws) == 2 and s["gradients"] - sum(ws) < 0.6 * s["weights"], (s, ws)
-    for i in range(3):
+        # the alternating model's two MoE layers: one workspace each (by unit index both are odd: one idle buffer)
+        assert r[4]["expert_slots"] == [0, 1], r[4]["expert_slots"]
+    for i in (0, 1, 2, 4):
         for r in res:
             est, allocated = r[i]["states"]
             assert est == pytest.approx(allocated, rel=0.01), (CASES4[i], est, allocated)

@@ -45,7 +45,7 @@ from memo_exec.distributed.attention import RingAttention, UlyssesAttention
 from memo_exec.distributed.context import DistContext, layout_context, local_token_index
 from memo_exec.distributed.schedule import schedule_for
 from memo_exec.distributed.tp import flavour_for
-from memo_exec.distributed.zero import GradSync, overlaps_reductions
+from memo_exec.distributed.zero import GradSync, overlaps_reductions, workspace_count
 from memo_exec.errors import ExecError, MemoryPlanError
 from memo_exec.layer import LayerCompute, LayerStorage, LayerWeights, carve_storage, norm_stats_dtype, storage_bytes
 from memo_exec.memory_estimate import PEAK_TERMS, STATIC_TERMS, TRANSIENT_TERMS, MemoryEstimate, peak_total
@@ -383,11 +383,12 @@ class DistExecutor(ExecutorBase):
         f = self.flavour
         return TPSplit(f.size, f.rank, f.group, bool(getattr(f, "sp", False)))
 
-    def _local_param_numel(self) -> tuple[int, int, int, int, int]:
+    def _local_param_numel(self) -> tuple[int, int, int, int, int, int]:
         """(all parameters, the largest layer unit without its routed experts, the first unit (the embedding's, the
         final norm's, the modules' norms and projections), the routed experts, the largest layer's routed experts)
-        numbers of elements on this rank; the routed experts are counted apart under ep or etp > 1, where their own
-        sync shards them over the expert-DP group (`memo_exec.moe.sync`), else they are 0 and their layer's."""
+        numbers of elements on this rank, and the layer units holding routed experts; the routed experts are counted
+        apart under ep or etp > 1, where their own sync shards them over the expert-DP group (`memo_exec.moe.sync`),
+        else they are 0 and their layer's."""
         from memo_exec.moe.groups import experts_apart  # noqa: PLC0415
 
         meta, m = torch.device("meta"), self.model
@@ -402,7 +403,8 @@ class DistExecutor(ExecutorBase):
         # the embedding and an untied classifier: this TP rank's vocabulary rows (`memo_exec.vocab_parallel`)
         vocab = (1 if m.tied_embeddings else 2) * vocab_rows(m.vocab, self.flavour.size) * m.hidden
         rest = vocab + m.norm_params + D * (m.mtp_norm_params + m.mtp_projection_params // self.flavour.size)
-        return sum(sizes) + rest + sum(routed), max(sizes, default=0), rest, sum(routed), max(routed, default=0)
+        return (sum(sizes) + rest + sum(routed), max(sizes, default=0), rest, sum(routed), max(routed, default=0),
+                sum(1 for r in routed if r))
 
     def _ulysses_kept_bytes(self) -> int:
         """One layer's head-sharded q, k, v and attention output that `UlyssesAttention` keeps from its forward to
@@ -425,7 +427,7 @@ class DistExecutor(ExecutorBase):
         least this rank's arena. The single-device estimate sizes them from a dry run of the layer on the meta device,
         which cannot run this rank's collectives. A review: they were 0, so a plan whose transients alone exceed the
         device passed the check and died mid-step. A plan that carries none leaves them not estimated, as before."""
-        total, layer_unit, first_unit, experts, expert_layer = self._local_param_numel()
+        total, layer_unit, first_unit, experts, expert_layer, expert_units = self._local_param_numel()
         # ZeRO 3 gathers the first unit at the step's start and keeps it to the optimizer (`GradSync.begin_step`),
         # beside the layer that runs and the next one's weights, gathered ahead
         largest = layer_unit + first_unit
@@ -444,7 +446,7 @@ class DistExecutor(ExecutorBase):
         # ZeRO 2 / 3 with each layer's reduction beside the next backward: two layers' workspaces (`GradSync`)
         hooks = self.schedule.layer_backwards_per_step()
         n_units = len(self.held) + (self.model.mtp_layers if self.schedule.holds_mtp() else 0)  # layer units
-        e_ws = 2 if overlaps_reductions(lay, hooks, De) and n_units > 1 else 1
+        e_ws = workspace_count(overlaps_reductions(lay, hooks, De), expert_units)
         e_grads = experts * e if ze < 2 or per_chunk else experts * e // De + e_ws * expert_layer * e
         e_shard = experts // De if ze >= 1 else experts
         D = self.ctx.size("data") if lay.zero else 1
@@ -456,7 +458,7 @@ class DistExecutor(ExecutorBase):
         weights = (P * e if z < 3 else P * e // D + gathered * e) + e_weights
         # ZeRO 2 / 3: every unit's shard, the layers' shared workspace (two, overlapped) and the first unit whole
         # (`GradSync`)
-        ws = 2 if overlaps_reductions(lay, hooks, self.ctx.size("data")) and n_units > 1 else 1
+        ws = workspace_count(overlaps_reductions(lay, hooks, self.ctx.size("data")), n_units)
         grads = (P * e if z < 2 or per_chunk else P * e // D + largest * e + (ws - 1) * layer_unit * e) + e_grads
         shard = (P // D if z >= 1 else P) + e_shard  # the parameters this rank's optimizers update
         optimizer = 0 if lay.optimizer_offload else AdamW.state_bytes_for(shard, self.dtype)

@@ -120,6 +120,13 @@ def overlaps_reductions(layout, backwards_per_step: int | None, size: int) -> bo
     return backwards_per_step is not None and layout.grad_overlap and not per_chunk and size > 1
 
 
+def workspace_count(overlapped: bool, holding_units: int) -> int:
+    """The layer workspaces a ZeRO 2 / 3 `GradSync` allocates for ``holding_units`` layer units holding parameters:
+    two where the reductions overlap the backward and two units take turns, else one (module docs; the memory
+    estimate's rule too, `memo_exec.distributed.runner.DistExecutor._estimate`)."""
+    return 2 if overlapped and holding_units > 1 else 1
+
+
 class _Unit:
     def __init__(self, index: int, named: list[tuple[str, nn.Parameter]], D: int, d: int, device, dtype) -> None:
         self.index, self.named = index, named
@@ -225,15 +232,20 @@ class GradSync(LayerHooks):
         self.tp_sync = ctx.size("tp") > 1 and over is None
         self.tp_sync_all = ctx.sp_tokens
         self.sharded_grads = zero >= 2 and not self.per_chunk  # reduced into a shard after every backward
+        slot: dict[int, int] = {}  # layer unit -> its workspace
         if self.sharded_grads:  # layers accumulate into one shared workspace (two, overlapped); unit 0 keeps its own
             ws_n = max(u.padded for u in self.units[1:]) if len(self.units) > 1 else 0
-            n_ws = 2 if self.overlap_grads and len(self.units) > 2 else 1
+            # the units that hold parameters take the workspaces in turn (a MoE model's expert units skip its dense
+            # layers, which hold no experts: by unit index every expert unit would take the same one)
+            holding = [u.index for u in self.units[1:] if u.numel]
+            n_ws = workspace_count(self.overlap_grads, len(holding))
+            slot = {index: k % n_ws for k, index in enumerate(holding)}
             self.workspaces = [torch.zeros(ws_n, device=device, dtype=dtype) for _ in range(n_ws)]
         self.grads = []  # the flat gradient each unit accumulates into
         self.grad_shards = []
         for u in self.units:
             if self.sharded_grads and u.index > 0:
-                g = self.workspaces[u.index % len(self.workspaces)][:u.padded]
+                g = self.workspaces[slot.get(u.index, 0)][:u.padded]
             else:
                 g = torch.zeros(u.padded, device=device, dtype=dtype)
             self.grads.append(g)
@@ -398,8 +410,8 @@ class GradSync(LayerHooks):
             self._materialise(self.units[i + 1])
             self._use(self.units[i + 1], f"layer {i}'s backward")
             self._prefetch(i)  # the layer below's, under this one's backward
-        if self.overlap_grads and self.sharded_grads:  # the workspace this layer accumulates into, once reduced
-            u = self.units[i + 1]
+        if self.overlap_grads and self.sharded_grads and self.units[i + 1].numel:  # the workspace this layer
+            u = self.units[i + 1]  # accumulates into, once its last reduction has ended
             ws = self.grads[u.index].untyped_storage().data_ptr()
             for j in [j for j in self.reducing if self.grads[j].untyped_storage().data_ptr() == ws]:
                 self._finish_reduce(j)
