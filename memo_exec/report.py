@@ -469,6 +469,19 @@ def grad_sync_note(plan) -> str | None:
             f"time and the iteration time read above the prediction by what the plan hides")
 
 
+def reduce_bucket_note(plan) -> str | None:
+    """Where the plan prices ZeRO 2 / 3's gradient buckets at a size its framework states (``layout.reduce_bucket``:
+    XTuner's DeepSpeed reduce_bucket_size) and memo-exec reduces a layer's gradients at a time
+    (memo_exec/distributed/zero.py, `GradSync`), one sentence, else None."""
+    lay = plan.layout
+    bucket = getattr(lay, "reduce_bucket", 0)
+    if not bucket or lay.zero < 2 or getattr(lay, "state_shards", 1) <= 1:
+        return None
+    return (f"gradient buckets: the plan prices ZeRO {lay.zero}'s whole gradients in buckets of {bucket:,} elements "
+            f"(layout reduce_bucket, its framework's stated size), memo-exec holds a layer's in each of its "
+            f"workspaces, so the model_states row reads apart from the prediction by the difference")
+
+
 def host_pool_note(plan, meta: dict) -> str | None:
     """Where the plan prices PyTorch's caching host allocator (``layout.host_pool`` caching_host_allocator: each
     offloaded tensor pinned on its own, rounded up as the profile's ``host.pinned_rounding`` says, a power of two for
@@ -496,14 +509,14 @@ def host_pool_note(plan, meta: dict) -> str | None:
 def plan_notes(plan, meta: dict) -> list[str]:
     """Where this run did otherwise than the plan priced, one sentence each (the bold lines of report.md and the
     run's --json ``plan_notes``): the attention kernel (`memo_exec.attention.priced_kernel_note`), the loss kernel,
-    the Ulysses backward, the embedding's and head's gradient unit, the data-parallel collectives' overlap and the
-    pinned host pool."""
+    the Ulysses backward, the embedding's and head's gradient unit, the data-parallel collectives' overlap, the
+    gradient buckets and the pinned host pool."""
     from memo_exec.attention import priced_kernel_note  # noqa: PLC0415
 
     kernel = priced_kernel_note(meta.get("attention_kernel_priced"), meta.get("attention_backend"),
                                 meta.get("device_kind"))
     notes = [kernel.removeprefix("note: ") if kernel else None, loss_kernel_note(plan), ulysses_kept_note(plan),
-             head_grads_note(plan), grad_sync_note(plan), host_pool_note(plan, meta)]
+             head_grads_note(plan), grad_sync_note(plan), reduce_bucket_note(plan), host_pool_note(plan, meta)]
     return [n for n in notes if n]
 
 

@@ -212,3 +212,17 @@ def test_exposed_row_of_a_pipeline_rank_uses_its_stage_or_says_why_not():
     r = _exposed_row({"exposed_copy_s": 0.5}, {"exposed_copy_s": 0.0}, "plan.predicted", {"exposed": (None, "why")})
     assert r[2] == 0.5 and r[5] == "not comparable (why)"
     assert _exposed_row({"exposed_copy_s": 0.5}, {"exposed_copy_s": 0.1}, "p")[2] == 0.5  # not a pipeline
+
+
+def test_a_stated_gradient_bucket_is_named():
+    """XTuner's DeepSpeed states reduce_bucket_size 3e8 (``layout.reduce_bucket``): memo-exec holds a layer's
+    gradients in each workspace, and says so in one sentence; a layer's bucket (0) or ZeRO below 2 says nothing."""
+    from memo_exec.report import plan_notes, reduce_bucket_note
+
+    note = reduce_bucket_note(_plan("single_stage", dp=2, zero=3, reduce_bucket=300_000_000))
+    assert note is not None and "300,000,000 elements" in note and "reduce_bucket" in note and ". " not in note
+    assert any("gradient buckets" in n for n in plan_notes(_plan("single_stage", dp=2, zero=2,
+                                                                  reduce_bucket=1000), {"pinned_host_bytes": 0}))
+    assert reduce_bucket_note(_plan("single_stage", dp=2, zero=3)) is None
+    assert reduce_bucket_note(_plan("single_stage", dp=2, zero=1, reduce_bucket=1000)) is None
+    assert reduce_bucket_note(_plan("single_stage", dp=1, zero=3, reduce_bucket=1000)) is None
