@@ -10,10 +10,11 @@ Under ZeRO the shard group is the whole data group (S = D).
 - ZeRO 1: whole gradients until the step ends, then reduce-scattered into the rank's own slice of them
   (in place, as Megatron-LM's distributed optimizer does: no second buffer); each rank updates its own
   shard (its optimizer states are 1/D) and the shards are all-gathered back into the weights.
-- ZeRO 2: also the gradients are sharded: the layers accumulate into one shared full-size
-  gradient workspace, reduce-scattered right after that layer's backward and added into the unit's
-  shard, so several micro-batches accumulate there (as DeepSpeed's ZeRO 2 / 3 and FSDP do under
-  gradient accumulation: a reduce-scatter per layer and micro-batch).
+- ZeRO 2: also the gradients are sharded: the layers accumulate into a shared full-size gradient
+  workspace (two, taken in turn, where the reductions overlap the backward: below), reduce-scattered
+  after that layer's backward and added into the unit's shard, so several micro-batches accumulate
+  there (as DeepSpeed's ZeRO 2 / 3 and FSDP do under gradient accumulation: a reduce-scatter per layer
+  and micro-batch).
 - ZeRO 3: also the weights: a layer's flat buffer is materialised (all-gather) before its
   forward and before its backward (the recompute runs inside the backward) and freed after each
   (``untyped_storage().resize_(0)``); the optimizer updates the owned shard only. Each gather is issued

@@ -83,8 +83,9 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             if fsdp_like and not experts_only and not model.tied_embeddings and not reshards
             else 0.0,
             # ZeRO 2 / 3: gradients sharded, but each one is produced whole by the backward and reduce-scattered into
-            # its shard afterwards: one layer's whole gradients (memo's executor: the layers' shared workspace;
-            # DeepSpeed: the bucket they are copied into; FSDP2: the unsharded gradient cast to its reduce dtype)
+            # its shard afterwards: buckets of a layer's whole gradients, two where the reductions overlap the backward
+            # (`unsharded_grad_units`: memo's executor's two layer workspaces; DeepSpeed: the buckets they are copied
+            # into; FSDP2: the unsharded gradient cast to its reduce dtype beside the previous reduce-scatter's input)
             # and the output head's (its vocab share under TP: a framework's buckets reduce-scatter it before the
             # embedding's gradient is made), or where the layout says so (``head_grads_unit``: memo's executor) the
             # unit of the embedding, the untied head and the final norm, whole together to the step
