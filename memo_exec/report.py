@@ -477,6 +477,8 @@ def reduce_bucket_note(plan) -> str | None:
     bucket = getattr(lay, "reduce_bucket", 0)
     if not bucket or lay.zero < 2 or getattr(lay, "state_shards", 1) <= 1:
         return None
+    if bucket >= plan.model.layer_params() / lay.tp:  # no smaller than a layer on a GPU: priced as a layer's
+        return None
     return (f"gradient buckets: the plan prices ZeRO {lay.zero}'s whole gradients in buckets of {bucket:,} elements "
             f"(layout reduce_bucket, its framework's stated size), memo-exec holds a layer's in each of its "
             f"workspaces, so the model_states row reads apart from the prediction by the difference")

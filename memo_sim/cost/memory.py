@@ -89,7 +89,7 @@ def model_state_parts(model: ModelConfig, layout: Layout, experts_only: bool = F
             # and the output head's (its vocab share under TP: a framework's buckets reduce-scatter it before the
             # embedding's gradient is made), or where the layout says so (``head_grads_unit``: memo's executor) the
             # unit of the embedding, the untied head and the final norm, whole together to the step
-            "unsharded_grads": r.grad_bytes * (unsharded_grad_units(layout) * _bucket(layout, layer)
+            "unsharded_grads": r.grad_bytes * (unsharded_grad_units(layout) * reduce_bucket_elements(layout, layer)
                                                + (0.0 if experts_only else unsharded_head_params(model, layout)
                                                   if layout.head_grads_unit else vocab_share))
             if z >= 2 or as_fsdp else 0.0,
@@ -111,9 +111,9 @@ def unsharded_grad_units(layout: Layout) -> int:
     return 2 if layout.grad_overlap else 1
 
 
-def _bucket(layout: Layout, layer: float) -> float:
+def reduce_bucket_elements(layout: Layout, layer: float) -> float:
     """One bucket's gradient elements: ``layout.reduce_bucket`` where the framework states one smaller than a
-    layer (XTuner's 3e8), else the layer's (``layer``)."""
+    layer (XTuner's 3e8), else the layer's (``layer``; memo's DeepSpeed export writes this as reduce_bucket_size)."""
     return min(float(layout.reduce_bucket), layer) if layout.reduce_bucket else layer
 
 

@@ -25,6 +25,7 @@ from memo_sim.export.base import (Export, Gap, NoNearest, PlanChange, async_tp_g
                                   gemm_format_gap, interleave_gap, metp_gap, mtp_gap, nearest_batch, nearest_plan,
                                   rank_order_gap, rotary_gaps, not_modelled_gap, optimizer_offload_gap, policy_gaps,
                                   uneven_stages_gap, price_nearest, shape_arguments, torchrun_line)
+from memo_sim.cost.memory import reduce_bucket_elements
 from memo_sim.layout.parallel import check_layout
 from memo_sim.plan.schema import Plan
 from memo_sim.frameworks import deepspeed_moe_why_not
@@ -342,7 +343,7 @@ def _stage3_prefetch(m, lay) -> dict:
     holds gathered; {} below stage 3."""
     if lay.zero < 3:
         return {}
-    layer = -(-m.layer_params() // lay.tp)  # one layer's parameters on a GPU (its TP shard)
+    layer = _layer_on_gpu(m, lay)
     return {"stage3_prefetch_bucket_size": layer,
             "stage3_max_live_parameters": int(lay.dp_flavour.gathered_layers(lay, m.layers) * layer)}
 
@@ -355,8 +356,12 @@ def _reduce_bucket(m, lay) -> dict:
     where DeepSpeed runs no ZeRO optimizer."""
     if lay.zero < 1:
         return {}
-    layer = -(-m.layer_params() // lay.tp)  # one layer's parameters on a GPU (its TP shard)
-    return {"reduce_bucket_size": int(min(lay.reduce_bucket, layer)) if lay.reduce_bucket else layer}
+    return {"reduce_bucket_size": int(reduce_bucket_elements(lay, _layer_on_gpu(m, lay)))}
+
+
+def _layer_on_gpu(m, lay) -> int:
+    """One layer's parameters on a GPU (its TP shard), the unit memo's ZeRO buckets and prefetches are priced in."""
+    return -(-m.layer_params() // lay.tp)
 
 
 def config(plan: Plan, applied: list[Gap]) -> dict:
