@@ -431,7 +431,16 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        # routed-expert biases (GPT-OSS): fc1's sliced, fc2's added by ETP rank 0 alone (3 steps: once it is nonzero, a
        # second rank adding it would leave the one process's curve)
        dict(lay=dict(tp=2, sp=True, etp=2), pol="store_all", steps=3),
-       dict(lay=dict(dp=2, etp=2, moe_dispatcher="allgather"), pol="memo", steps=3)]
+       dict(lay=dict(dp=2, etp=2, moe_dispatcher="allgather"), pol="memo", steps=3),
+       # the sequence split outside TP: each rank routes its own shard of the ring's (cp) or Ulysses' sequence, the
+       # experts folded over the pair as over a data-parallel one; Ulysses' all-to-alls around the attention
+       dict(lay=dict(cp=2, ep=2), pol="store_all", steps=3),
+       dict(lay=dict(cp=2, ep=2), pol="memo"),
+       dict(lay=dict(cp=2, ep=2, moe_dispatcher="deepep"), pol="recompute_moe"),
+       dict(lay=dict(ulysses=2, ep=2), pol="store_all", steps=3),
+       dict(lay=dict(ulysses=2, ep=2), pol="memo"),
+       dict(lay=dict(ulysses=2, ep=2), pol="full_recompute"),
+       dict(lay=dict(ulysses=2, ep=2, moe_dispatcher="allgather"), pol="recompute_norm_act")]
 
 
 @pytest.mark.slow  # 39 s of the default selection (CI, 2026-11-29): the slow one runs beside it with time to spare
@@ -504,6 +513,10 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(pp=2, dp=2, ep=2, moe_balance="random"), pol="store_all", batch=4, schedule="1f1b", micro=1),
         # DeepEP over 4 ranks of one expert each: a token's 2 experts on 2 of them, or on 1 (sent once)
         dict(lay=dict(tp=2, sp=True, dp=2, ep=4, moe_dispatcher="deepep"), pol="memo"),
+        # Ulysses 2 x TP 2 (SP): EP over all four, each routing its quarter of the sequence; ring CP 2 x DP 2: EP over
+        # each CP pair, the experts' gradients over the DP pair
+        dict(lay=dict(tp=2, sp=True, ulysses=2, ep=4), pol="memo"),
+        dict(lay=dict(cp=2, dp=2, ep=2, zero=1), pol="store_all", steps=3),
         # etp2 x ep2: ETP pairs {0, 1} and {2, 3}, EP pairs {0, 2} and {1, 3} (etp apart); etp2 with ep 1: the slices'
         # gradients all-reduced over the expert-DP pairs {0, 2} and {1, 3}; etp2 on a pipeline's stages
         dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2), pol="memo", variant=ETP_MODEL),
@@ -545,7 +558,7 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(dp=4, ep=2, zero=2), pol="store_all", batch=2, micro=1, variant=3, steps=3)]
 # the ETP, ZeRO, FSDP and GPT-OSS cases in the slow selection, which CI runs beside the default one (the two take
 # about as long: .ci/run)
-FOUR, FOUR_MORE = FOUR[:10], FOUR[10:]
+FOUR, FOUR_MORE = FOUR[:12], FOUR[12:]
 
 
 def _four_ranks(cases):

@@ -283,13 +283,14 @@ def test_maxseq_steps_down_to_the_longest_length_the_simulator_runs(monkeypatch,
 def test_nothing_at_the_first_step_points_to_a_smaller_step():
     """maxseq's lengths are multiples of --step: where the first one fits nowhere, the answer says that no
     shorter length was tried and which --step looks there (a user's review, 2026-11-27: DeepSpeed's
-    Qwen3-30B-A3B on 16 H100s answered 'no policy trains 128K tokens'; with --step 8K, 64K)."""
+    Qwen3-30B-A3B on 16 H100s answered 'no policy trains 128K tokens'; with --step 8K, 64K). Since Ulysses is priced
+    beside expert parallelism (2026-12-03) DeepSpeed's Ulysses 16 trains 1.125M there, so the case fixes --ulysses 1."""
     from click.testing import CliRunner
 
     from memo_sim.cli import cli
 
     r = CliRunner().invoke(cli, ["maxseq", "--model", "qwen3-30b-a3b", "--gpus", "16", "--profile", "h100-sxm5-80gb",
-                                 "--framework", "deepspeed"])
+                                 "--framework", "deepspeed", "--ulysses", "1"])
     assert r.exit_code == 3, r.output  # nothing trains: the what-if's exit status for nothing fits (it was 0)
     lines = r.output.splitlines()
     assert lines[0].startswith("answer: no policy trains 128K tokens"), r.output

@@ -41,7 +41,6 @@ TOY = ModelConfig("toy-moe", layers=8, hidden=2048, heads=16, ffn=4096, vocab=32
     (Layout(tp=2, dp=8, ep=16, etp=2), "must divide the 16 GPUs"),
     (Layout(dp=16, ep=8, etp=5), "not divisible by etp 5"),
     (Layout(tp=2, sp=False, dp=8, ep=8), "sequence parallelism"),
-    (Layout(ulysses=2, dp=8, ep=8), "Ulysses"),
     (Layout(tp=2, dp=8, ep=8, tp_mode="metp_ffn"), "METP"),
 ])
 def test_expert_layouts_are_refused_in_one_line(layout, needle):
@@ -87,6 +86,28 @@ def test_expert_gemms_count_the_routed_tokens_and_the_dispatch_rides_its_group()
     assert collective_link(g, wide, H100) == "internode" and g.seconds > a2a.seconds
     b = _named(backward_costs(QWEN3, lay, 1, 32 * K, H100))
     assert b["moe_combine_alltoall_ep"].seconds == pytest.approx(a2a.seconds)  # the transpose, same bytes
+
+
+def test_ulysses_routes_the_ranks_sequence_shard_as_ring_cp_does():
+    """Ulysses and ring CP split the sequence outside TP alike for a MoE block: each rank routes its own shard, the
+    expert groups fold over the stage's GPUs, Ulysses' among them (`memo_sim.layout.parallel.expert_layout_why_not`
+    refused the pair before 2026-12-03; Megatron-LM runs its --cp-comm-type a2a beside expert parallelism). Only the
+    attention's exchange differs: Ulysses' all-to-alls beside the block, the ring's shifts."""
+    uly, cp = Layout(tp=2, ulysses=2, dp=4, ep=8, moe_balance="forced"), Layout(tp=2, cp=2, dp=4, ep=8,
+                                                                                   moe_balance="forced")
+    assert check_layout(uly, QWEN3, 16, 8, 32 * K) is None
+    fu, fc = _named(forward_costs(QWEN3, uly, 1, 32 * K, H100)), _named(forward_costs(QWEN3, cp, 1, 32 * K, H100))
+    tokens = 32 * K / (2 * 2)  # the rank's shard: the sequence over ulysses, then over TP (sequence parallelism)
+    assert fu["expert_fc1"].flops == pytest.approx(2 * QWEN3.top_k * tokens * QWEN3.hidden * QWEN3.expert_fc1_width)
+    for name in ("router", "expert_fc1", "expert_fc2", "moe_dispatch_alltoall_ep", "moe_combine_alltoall_ep"):
+        assert fu[name].seconds == pytest.approx(fc[name].seconds), name
+        assert fu[name].nbytes == pytest.approx(fc[name].nbytes), name
+    assert {"alltoall_qkv", "alltoall_attn"} <= set(fu) and not {"alltoall_qkv", "alltoall_attn"} & set(fc)
+    for name in ("moe_in", "efc1", "eact"):
+        t = layer_tensors(QWEN3)[name]
+        assert tensor_bytes(t, uly, 1, 32 * K) == pytest.approx(tensor_bytes(t, cp, 1, 32 * K)), name
+    # EP 8 over tp 2 x ulysses 2 x dp 2 of the 16: one node each, as under CP
+    assert collective_link(fu["moe_dispatch_alltoall_ep"], uly, H100) == "nvlink"
 
 
 def test_expert_tensor_parallelism_gathers_the_etp_groups_tokens():

@@ -781,8 +781,6 @@ def expert_why_not(layout: Layout, model: ModelConfig) -> str | None:
                 f"(or the alltoall or allgather dispatcher)")
     if layout.metp:
         return "METP's rings run a dense FFN: MoE layers run Megatron TP (tp_mode megatron)"
-    if layout.ulysses > 1:
-        return "Ulysses with MoE layers is not modelled (ring CP is)"
     return None
 
 

@@ -178,8 +178,6 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     if layout.tp > 1 and not layout.sp:
         return (f"plan layout {lab}: sp = False: a MoE layer with tp > 1 routes each rank's sequence shard; "
                 f"plan with sequence parallelism")
-    if layout.ulysses > 1:
-        return f"plan layout {lab}: ulysses = {layout.ulysses}: MoE layers with Ulysses are not built; plan with ring CP"
     if model.experts % layout.ep:
         return f"plan layout {lab}: ep = {layout.ep} does not divide the {model.experts} experts"
     stage = layout.tp * layout.cp * layout.ulysses * layout.dp
