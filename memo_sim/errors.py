@@ -184,12 +184,23 @@ def _loc_text(loc: tuple) -> str:
     return out or "(top)"
 
 
-def validation_message(err, source: str, drop: int = 0) -> str:
+def validation_message(err, source: str, drop: int = 0, known: tuple[str, ...] = ()) -> str:
     """The first error of a pydantic ``ValidationError`` as one line: ``source: field: problem,
     got X; fix``. Messages of our own validators already carry their fix after a ``;``. ``drop``:
-    leading parts of the error's location to leave out (a row index the source already names)."""
+    leading parts of the error's location to leave out (a row index the source already names). ``known``: the
+    top level's field names, of which the nearest is named for an unknown top-level field (a review: ``topk`` got
+    no hint, top_k being optional, where a misspelt required field got one)."""
     errors = err.errors(include_url=False)
     e = errors[0]
+    loc0 = tuple(e.get("loc", ()))
+    if e.get("type") == "extra_forbidden" and known and len(loc0) == drop + 1:
+        import difflib  # noqa: PLC0415
+
+        near = difflib.get_close_matches(str(loc0[-1]), known, n=1, cutoff=0.75)
+        if near:
+            where = _loc_text(loc0[drop:])
+            return (f"{source}: {where}: unknown field; did you mean {near[0]!r}?" if source else
+                    f"{where}: unknown field; did you mean {near[0]!r}?")
     if e.get("type") == "missing":  # a misspelt field reads as a missing one beside an unknown one: name the typo
         import difflib  # noqa: PLC0415
 
@@ -234,6 +245,8 @@ def validated(model, raw, source: str, error: type[MemoError] = MemoError):
             return model.validate_python(raw)
         return model.model_validate(raw)
     except ValidationError as e:
-        raise error(validation_message(e, source)) from None
+        fields = getattr(model, "model_fields", None) or {}
+        known = tuple(dict.fromkeys([*fields, *(f.alias for f in fields.values() if getattr(f, "alias", None))]))
+        raise error(validation_message(e, source, known=known)) from None
     except RecursionError:
         raise error(f"{source}: nested too deeply; write a plain mapping of fields") from None

@@ -427,16 +427,21 @@ def binding_words(plan, profile, res) -> str:
              + f"); pinned host memory {100 * host:.0f}% full")
     if plan.policy.takes_alpha and plan.layout.pp == 1:
         solved = memo_alpha(plan.model, plan.layout, plan.micro_batch or plan.batch, plan.seq_tokens, profile)
+        # a plan priced on another profile than the one it was made on (simulate --profile OTHER): its alpha is the
+        # solver's there, not one set by hand (a review)
+        other = plan.profile if plan.profile not in (profile.name, getattr(profile, "source", None)) else None
         if solved.feasible:
             why = _ALPHA_WORDS.get(solved.binding, solved.binding)
             same = abs(solved.alpha - plan.policy.alpha) < 1e-9
-            words += (f"; alpha {plan.policy.alpha:.3f} " + ("is the solver's: " if same else
-                      f"was set by hand (the solver gives {solved.alpha:.3f}): ") + why)
+            theirs = (f"is the plan's (made for {other}; the solver gives {solved.alpha:.3f} on {profile.name}): "
+                      if other else f"was set by hand (the solver gives {solved.alpha:.3f}): ")
+            words += f"; alpha {plan.policy.alpha:.3f} " + ("is the solver's: " if same else theirs) + why
         elif plan.policy.alpha == solved.alpha_or_zero:  # the what-if's own alpha where the solver finds none
             words += (f"; alpha {plan.policy.alpha:.3f} is the what-if's where the solver finds none: "
                       + solved.note().removeprefix("alpha 0: "))
         else:
-            words += (f"; alpha {plan.policy.alpha:.3f} was set by hand: the solver finds none "
+            whose = f"is the plan's (made for {other})" if other else "was set by hand"
+            words += (f"; alpha {plan.policy.alpha:.3f} {whose}: the solver finds none "
                       f"({solved.reason()}), so copies stall the compute stream")
     return words
 

@@ -90,7 +90,8 @@ def _simulate_top_value(ctx, param, value):
 @click.option("--optimizer-offload/--no-optimizer-offload", default=None,
               help="Keep the optimizer's master weights, moments and step on the host (Megatron-Core "
                    "--optimizer-cpu-offload, DeepSpeed ZeRO-Offload; single stage, ZeRO >= 1), or never. Default: "
-                   "searched where nothing fits with the optimizer on the GPU.")
+                   "searched where nothing fits with the optimizer on the GPU (on the estimate, or in the event "
+                   "simulator).")
 @moe_layout_options
 @click.option("--allocator", default="caching", show_default=True, type=click.Choice(["caching", "plan", "both"]),
               help="Who places the transient tensors of the policies without MEMO's own plan: PyTorch's caching "

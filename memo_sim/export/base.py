@@ -319,13 +319,16 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None 
 
 # The gaps most frameworks share, written once.
 
-def ulysses_gap(plan: Plan, instead: str = "cp") -> list[Gap]:
+def ulysses_gap(plan: Plan, instead: str = "cp", why: str = "") -> list[Gap]:
+    """Ulysses written as ring context parallelism over its ranks (and the ring's); ``why``: the framework's reason,
+    where it runs an all-to-all CP of its own that cannot take this one (Megatron-LM: the K/V heads)."""
     u = plan.layout.ulysses
     if u == 1:
         return []
     cp = plan.layout.cp
     beside = f" beside ring context parallelism over {cp}" if cp > 1 else ""
-    return [Gap(f"DeepSpeed-Ulysses over {u} GPUs{beside}", f"ring context parallelism over {cp * u} GPUs",
+    because = f" ({why})" if why else ""
+    return [Gap(f"DeepSpeed-Ulysses over {u} GPUs{beside}{because}", f"ring context parallelism over {cp * u} GPUs",
                 PlanChange(layout={"ulysses": 1, instead: cp * u}))]
 
 

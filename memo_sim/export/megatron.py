@@ -93,9 +93,10 @@ def _ulysses_gaps(plan: Plan) -> list[Gap]:
     ring): expressed where each TP rank's K/V heads split whole over it (the framework data's ulysses_kv
     whole); a plan that repeats K/V heads first (memo's own Ulysses) is the usual gap, ring CP instead."""
     lay, m = plan.layout, plan.model
-    if lay.ulysses == 1 or kv_heads_why_not(lay.tp, lay.ulysses, m.n_kv_heads, "whole") is None:
+    why = None if lay.ulysses == 1 else kv_heads_why_not(lay.tp, lay.ulysses, m.n_kv_heads, "whole")
+    if why is None:
         return []
-    return ulysses_gap(plan)
+    return ulysses_gap(plan, why=why)  # the reason beside it (a review: the ring read as Megatron having no a2a CP)
 
 
 def _window_cp_gaps(plan: Plan, earlier: list[Gap]) -> list[Gap]:

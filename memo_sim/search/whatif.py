@@ -74,6 +74,9 @@ class WhatIfResult:
 
 
 NO_VALID_LAYOUT = "no valid layout"  # how `candidates_for` says no layout matches the fixed degrees
+# why the optimizer-on-host layouts were searched where the estimate had fitting candidates (`rank`)
+OFFLOAD_AFTER_SIMULATION = ("nothing fits with the optimizer on the GPU in the event simulator (the estimate's "
+                            "fitting candidates ran out of memory there)")
 
 TP_MODE_CHOICES = TP_MODES + ("all",)
 
@@ -194,7 +197,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    allocator: str = "caching", rank_order: str | None = None,
                    sppo_beside: Callable[..., SppoBeside] | None = None,
                    pipeline_floor: Callable[[list[Candidate]], float | None] | None = None,
-                   on_stage: Callable[[str], None] | None = None) -> WhatIfResult:
+                   on_stage: Callable[[str], None] | None = None, offload_beside: bool = False) -> WhatIfResult:
     """Every valid layout x policy x schedule x micro-batch size (MEMO at its solved alpha) for
     ``framework``, estimated and ranked (the strategies of `SEARCH_STRATEGIES`).
 
@@ -216,7 +219,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     the same candidates in the same places); without it the search runs here first.
     ``optimizer_offload``: True searches only single-stage layouts with the optimizer on the host
     (`memo_sim.cost.optimizer_offload`), False none; None (default) adds them where nothing else fits
-    and the framework offers it. ``first_stage_layers`` / ``last_stage_layers``: the first and last
+    and the framework offers it (``offload_beside``: whatever fits here, as `rank` asks where the event simulator
+    found none of the estimate's fitting candidates fitting). ``first_stage_layers`` / ``last_stage_layers``: the first and last
     pipeline stages' layer counts (Megatron-LM's --decoder-first/last-pipeline-num-layers; default:
     an even split, or each of `memo_sim.layout.parallel.uneven_splits` where the layers do not divide).
     ``chunk_layers``: each model chunk's layers (`memo_sim.layout.pipeline_layout`, Megatron-LM's
@@ -411,10 +415,22 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                                 f"one batch per replica)"
         else:  # a --global-batch that does not split over --dp is refused above
             sppo_batch = global_batch // dp
+    sppo_dp = dp
+    if sppo_tried and "zero" not in dp_modes:  # FSDP alone asked for: SPPO's replicas run ZeRO 0/1 (a review: the
+        # what-if wrote a ZeRO 1 SPPO plan under --dp-mode fsdp without a word)
+        if dp is None or dp == 1:
+            sppo_dp = 1
+            searched["sppo"] = (f"searched without data parallelism only (--dp-mode {dp_mode}: SPPO's pipelines "
+                                f"run ZeRO 0/1 over their replicas)")
+        else:
+            sppo_tried = False
+            searched["sppo"] = f"not searched with --dp-mode {dp_mode} and --dp {dp} (SPPO's replicas run ZeRO 0/1)"
+            sppo_not_searched = (f"--policy sppo with --dp-mode {dp_mode} and --dp {dp}: SPPO's replicas run ZeRO 0/1; "
+                                 f"drop --dp-mode, or give --dp 1")
     beside = None
     if sppo_tried:
         def run_sppo(bounds=None) -> tuple:
-            return sppo_candidates(model, seq, gpus, profile, batch=sppo_batch, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
+            return sppo_candidates(model, seq, gpus, profile, batch=sppo_batch, tp=tp, cp=cp, ulysses=ulysses, dp=sppo_dp,
                                    zero=zero, sp=sp, tp_mode=tp_mode, pp=pp, subseqs=subseqs, partition=partition,
                                    multiplex=multiplex, bounds=bounds)
 
@@ -497,12 +513,13 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         if not out and sppo_why and not pipes_said and not said_before_sppo:  # nothing at all: as above
             why_none = sppo_why
     if (optimizer_offload is None and stage_valid and fw.optimizer_offload
-            and not any(c.memory.status == "OK" for c in out)):  # nothing fits: the optimizer on the host
+            and (offload_beside or not any(c.memory.status == "OK" for c in out))):  # the optimizer on the host
         off, _why = _offloaded(stage_valid, fw, rejected)
         for lay in _allocator_variants(off, allocator):
             out += _single_stage(model, lay, plain, batch, global_batch, micro_batch, seq, profile, alpha, rejected,
                                  allocator)
-        searched["optimizer_offload"] = "nothing fits with the optimizer on the GPU"
+        searched["optimizer_offload"] = (OFFLOAD_AFTER_SIMULATION if offload_beside
+                                         else "nothing fits with the optimizer on the GPU")
     if not out and not plain and sppo_not_searched and why_none == no_factorisation:
         why_none = sppo_not_searched  # nothing else was asked for: SPPO's refusal is the answer
     if not out and why_none == no_factorisation and vpp is not None and vpp > 1 and (pp is None or pp > 1):
@@ -1087,8 +1104,18 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     if jobs > 1 and FORKS:
         fixed = dict(fixed, sppo_beside=beside)
     try:
-        return _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, ahead, fixed,
-                     while_waiting)
+        result = _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, ahead, fixed,
+                       while_waiting)
+        if (result.best is None and mode and fixed.get("optimizer_offload") is None
+                and "optimizer_offload" not in result.searched and not fixed.get("offload_beside")):
+            # the estimate fitted some candidates, the event simulator none (fragmentation, copy stalls): the
+            # optimizer-on-host layouts, which `candidates_for` adds only where the estimate fits nothing, searched
+            # as well (a review: exit 3 where --optimizer-offload fitted, 2026-12-03)
+            again = _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, ahead,
+                          dict(fixed, offload_beside=True), while_waiting)
+            if again.searched.get("optimizer_offload"):
+                result = again
+        return result
     finally:
         for a in ahead:
             a.close()

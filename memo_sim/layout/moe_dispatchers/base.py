@@ -50,6 +50,9 @@ class Dispatcher:
     max_ranks: int = 0
     max_node_gpus: int = 0
     limits_source: str = ""
+    # the fewest EP ranks it runs on (a dispatcher that asserts a group to dispatch over), with the source
+    min_ranks: int = 1
+    min_ranks_source: str = ""
     # whether its kernels take expert inputs padded to a capacity (`memo_sim.layout.moe_balance` ``capacity:F``),
     # with the source where they do not (`balance_why_not`)
     pads_to_capacity: bool = True
@@ -67,9 +70,13 @@ class Dispatcher:
         if self.max_ranks and ep > self.max_ranks:
             return (f"the {self.name} dispatcher's kernels run at most {self.max_ranks} ranks ({self.limits_source}): "
                     f"ep {ep} is more; use ep <= {self.max_ranks} or another dispatcher (alltoall)")
-        if self.max_node_gpus and ep > 1 and node_gpus > self.max_node_gpus:
+        if self.max_node_gpus and node_gpus > self.max_node_gpus:  # at any ep: the profile's nodes rule it out
             return (f"the {self.name} dispatcher's kernels run nodes of at most {self.max_node_gpus} GPUs "
                     f"({self.limits_source}): this profile's nodes (NVLink domains) hold {node_gpus}; use another "
+                    f"dispatcher (alltoall)")
+        if ep < self.min_ranks:
+            return (f"the {self.name} dispatcher runs over at least {self.min_ranks} expert-parallel ranks "
+                    f"({self.min_ranks_source}): ep {ep} dispatches nothing; use ep >= {self.min_ranks} or another "
                     f"dispatcher (alltoall)")
         return None
 

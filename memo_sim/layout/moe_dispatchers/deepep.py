@@ -19,6 +19,10 @@ DISPATCHERS.add("deepep", Dispatcher(
     # (deep_ep/buffer.py; csrc's buffer check unless low-latency mode); the maintainers: 'the normal mode doesn't
     # support GB200 yet' (deepseek-ai/DeepEP issue 392), not on NVL72 publicly (issue 579, 2026-02)
     max_ranks=160, max_node_gpus=8,
+    # Megatron-LM's MoEFlexTokenDispatcher asserts "Flex token dispatcher requires TPxEP > 1" (its TP the experts'
+    # TP, which memo's deepep runs at 1: `memo_sim.layout.parallel.expert_why_not`); a review: --moe-dispatcher deepep
+    # on an NVL72 answered an ep 1 plan, named deepep, every layout with expert parallelism refused
+    min_ranks=2, min_ranks_source="Megatron-LM's flex dispatcher asserts TPxEP > 1 (token_dispatcher.py)",
     limits_source="DeepEP's normal kernels: NUM_MAX_NVL_PEERS 8 x NUM_MAX_RDMA_PEERS 20; no GB200 NVL72 support, "
                   "deepseek-ai/DeepEP issues 392 and 579",
     # Megatron-LM's TransformerConfig.__post_init__ at d98e8a64: ValueError "Flex token dispatcher with deepep backend
