@@ -36,6 +36,10 @@ def _rank_shape(plan: Plan) -> tuple[int, int, int, object, dict | None]:
     """(attention sequence length, layer-input rows, TP size, TP comm, storage shapes) of one rank
     of the plan's layout (rank 0; every rank's layer has the same sizes)."""
     lay = plan.layout
+    if plan.model.moe:  # a review: the trace recorded the dense FFN a MoE layer never runs, and --write-plan placed it
+        raise ExecError(f"plan model {plan.model.name}: {plan.model.experts} experts: memo-exec trace records a dense "
+                        f"layer's scratch, and a MoE layer's block allocates through the caching allocator (memo-exec "
+                        f"run places no memory plan for it); trace a dense model's plan")
     if lay.gpus == 1:
         from memo_exec.layer import IDENTITY_TP  # noqa: PLC0415
 

@@ -223,7 +223,9 @@ def validation_message(err, source: str, drop: int = 0, known: tuple[str, ...] =
             msg = msg[len(prefix):]
     if "; " not in msg and e.get("type") != "value_error":
         got = e.get("input")
-        if e.get("type") not in ("missing", "extra_forbidden") and not isinstance(got, (dict, list)):
+        if (e.get("type") not in ("missing", "extra_forbidden", "model_type", "dataclass_type", "dict_type")
+                and not isinstance(got, (dict, list))):  # (a mapping's own words name what came: a review's "got
+            # null, got None")
             shown = repr(got)
             msg += f", got {shown[:40] + '...' if len(shown) > 40 else shown}"
         fix = _FIXES.get(e.get("type", ""))

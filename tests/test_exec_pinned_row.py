@@ -120,3 +120,22 @@ def test_whole_prediction_names_where_it_comes_from():
     assert pred == {} and src.startswith("not predicted with --profile a100-sxm4-80gb") and "4 ran" not in src
     pred, src = whole_prediction(plan, 2, None, "no simpy", False)
     assert pred == {} and "the plan is for 4 layers, 2 ran" in src
+
+
+def test_a_pipelines_memory_rows_compare_rank_0s_stage():
+    """A review (2026-12-03): a pp 2 run's top table read the estimate +58.5% against the plan's peak (the fullest
+    stage's) while the memory table below read +7.2% against stage 0's terms. With rank 0's stage peak known
+    (`pipeline_rank0_prediction`'s ``peak``) both device memory rows compare with it and name it; without it, or on
+    one rank, the plan's peak as before."""
+    from memo_exec.report import totals_rows
+
+    def rows(world, rank0):
+        out = totals_rows(_totals_res(world, 1), {"peak_gpu_bytes": 10.0}, "sim", rank0=rank0)
+        return {r["quantity"]: r for r in out}
+
+    r = rows(2, {"peak": (7.0, "its stage's simulated peak"), "from": "re-simulated"})
+    for q in ("peak device memory (allocated)", "executor's memory estimate"):
+        assert r[q]["predicted"] == 7.0 and r[q]["predicted_from"].startswith("rank 0's stage"), r[q]
+    assert r["executor's memory estimate"]["rel_error"] == pytest.approx(0.0)
+    assert rows(2, None)["executor's memory estimate"]["predicted"] == 10.0
+    assert rows(1, {"peak": (7.0, "x"), "from": "y"})["executor's memory estimate"]["predicted"] == 10.0

@@ -22,24 +22,30 @@ TOY = with_overrides(GPT7, layers=8, hidden=256, heads=8, vocab=512)
 
 
 def _slot_bytes(policy: str) -> tuple:
-    """Every positive allocation of a rounding-buffer slot in the pipeline's op graph (toy model, pp 2, 1F1B),
-    the unit's skeletal bytes and the policy."""
+    """The rounding blocks each rank holds through the step in the pipeline's op graph (toy model, pp 2, 1F1B: its
+    static allocations), any slot a unit still allocates, the unit's skeletal bytes and the policy."""
     pol = get_policy(policy, 0.5 if policy == "memo" else None)
     lay = Layout(pp=2)
     costs = pipeline_costs(TOY, lay, 1, 2048, pol, A800)
     sched = build_microbatch_pipeline(costs, lay, A800, pol, TOY.layers, 4, one_f_one_b.order)
-    return {a.nbytes for op in sched.graph.ops for a in (op.mem_start or ()) + (op.mem_end or ())
-            if a.tensor.endswith(".slot") and a.nbytes > 0}, costs.skeletal, pol
+    blocks = [(d, a.nbytes) for d, a in sched.graph.static if a.tensor == "rounding_blocks"]
+    per_unit = {a.nbytes for op in sched.graph.ops for a in (op.mem_start or ()) + (op.mem_end or ())
+                if a.tensor.endswith(".slot")}
+    return blocks, per_unit, costs.skeletal, pol
 
 
 @pytest.mark.parametrize("policy", ["checkpoint_offload", "full_offload", "memo"])
 def test_each_offloading_policy_writes_its_own_slot_size_in_a_pipeline(policy):
     """Bug 1: a unit's slot is one of the policy's own buffers (its pipeline rank's forward buffer): the layer
-    input for checkpoint offload (the whole skeletal slot was allocated), every skeletal tensor for the others."""
-    slots, sk, pol = _slot_bytes(policy)
-    forward = {b for n, b in pol.pipeline_rank_blocks(sk) if "forward" in n}
-    assert slots == forward
-    assert slots == {sk["input"] if policy == "checkpoint_offload" else sk["total"]}
+    input for checkpoint offload (the whole skeletal slot was allocated), every skeletal tensor for the others.
+    Since 2026-12-03 the rank's two forward and two prefetch blocks are held through the step, as memo-exec allocates
+    them and the stage's level-2 plan places them (a review: slots allocated per unit and freed as each copy ended
+    put a stage's simulated peak below its own arena)."""
+    blocks, per_unit, sk, pol = _slot_bytes(policy)
+    rounding = sum(b for n, b in pol.pipeline_rank_blocks(sk) if "forward" in n or "prefetch" in n)
+    assert not per_unit
+    assert sorted(d for d, _b in blocks) == [0, 1] and {b for _d, b in blocks} == {rounding}
+    assert rounding == 4 * (sk["input"] if policy == "checkpoint_offload" else sk["total"])
 
 
 def test_checkpoint_offload_pipeline_peak_is_its_analytic_peak():
@@ -194,3 +200,19 @@ def test_old_megatrons_warm_up_note_counts_what_memo_counts():
     for name in ("megatron@2021", "megatron@2022", "megatron@2023"):
         note = " ".join(get_framework(name).sources)
         assert "max(0, 2s + 1 - p)" in note and "(the last stage p - 1 more)" in note, name
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved_1f1b"])
+def test_memo_stages_hold_their_rounding_blocks_through_the_step(schedule):
+    """A review (2026-12-03): a pp 2 MEMO plan's last stage simulated 192 MiB beside its own level-2 arena of 280 MiB
+    and memo-exec's four rounding blocks of 56 MiB (224 MiB) on the rank: the event simulator allocated a slot per
+    unit and freed it as its copy ended. Every stage now holds the four blocks through the step, beside its model
+    states, as the analytic peak counts them."""
+    lay = Layout(pp=2, vpp=2 if schedule == "interleaved_1f1b" else 1)
+    pol = get_policy("memo", 0.3)
+    r = simulate(TOY, lay, 2, 4096, pol, A800, schedule=schedule, micro_batch=1, keep_timeline=False)
+    assert r.ok
+    costs = pipeline_costs(TOY, lay, 1, 4096, pol, A800)
+    blocks = sum(b for _n, b in pol.pipeline_rank_blocks(costs.skeletal))
+    for s, st in enumerate(r.pipeline["stages"]):
+        assert st["peak_gpu_bytes"] >= blocks + costs.model_states[s], (s, st["peak_gpu_bytes"], blocks)

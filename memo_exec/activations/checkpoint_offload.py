@@ -20,7 +20,7 @@ import torch
 from memo_exec.activations.base import RECOMPUTE_BUFFER_DIFFERS
 from memo_exec.activations.registry import register
 from memo_exec.activations.token_offload import TokenOffload
-from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
+from memo_exec.layer import LayerStorage, carve_storage, storage_bytes
 from memo_sim.policy.rounding_buffers import N_BUFFERS, rounding_buffer
 
 
@@ -32,7 +32,7 @@ class CheckpointOffload(TokenOffload):
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.split = []  # nothing goes to host by rows: everything but x is rebuilt
-        self._work_names = tuple(n for n in SKELETAL if n not in self.whole)
+        self._work_names = tuple(n for n in self.names if n not in self.whole)  # what the layers write (base)
 
     def device_bytes(self) -> dict[str, int]:
         x = storage_bytes(self.model, self.tokens, self.dtype, tuple(self.whole), shapes=self.shapes)

@@ -73,9 +73,15 @@ class TokenOffload(ActivationPolicy):
         self.fraction = float(self.choice.offload_fraction_other)
         self.n_off = offload_token_count(self.fraction, self.tokens)  # the simulator's rule: floor(alpha * T)
         roles = skeletal_roles(self.model)
+        # the tensors the instance's layers write: every skeletal one, less fc1 and act where no layer of it is a
+        # dense one (`ActivationPolicy.layer_names`: a MoE layer's block replaces them). A review: a MoE model's
+        # rounding buffers and host slots carried the dense FFN's, copied both ways every step and never written
+        # (51-62% of a block for Qwen3-30B-A3B and Mixtral)
+        written = {n for i in range(self.layers) for n in self.layer_names(SKELETAL, i)}
+        self.names = tuple(n for n in SKELETAL if n in written)
         # what goes to host whole (the simulator policy's ``offloaded_roles``: MEMO's x and attn) and what by rows
-        self.whole = [n for n in SKELETAL if roles[n] in self.choice.offloaded_roles]
-        self.split = [n for n in SKELETAL if roles[n] == "other"]
+        self.whole = [n for n in self.names if roles[n] in self.choice.offloaded_roles]
+        self.split = [n for n in self.names if roles[n] == "other"]
         self.widths = {n: w for n, (_, w) in self.shapes.items()}
         self.row_mult = {n: m for n, (m, _) in self.shapes.items()}
 
@@ -132,7 +138,8 @@ class TokenOffload(ActivationPolicy):
             resident = self.moe_kept_bytes()  # (an upper bound: a kept unit may be a dense layer)
             rank = {"rank_resident": KEPT_LAYERS * self.moe_graph_bytes()}
         return {"skeletal_resident": resident, **rank,
-                "buffers": blocks * storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes),
+                "buffers": blocks * storage_bytes(self.model, self.tokens, self.dtype, self._rank_names,
+                                                  shapes=self.shapes),
                 "norm_stats": self.layers * self._stats_bytes(), "lse": self.layers * self.lse_bytes_per_layer()}
 
     def host_bytes(self) -> int:
@@ -145,17 +152,20 @@ class TokenOffload(ActivationPolicy):
     # -- allocation --------------------------------------------------------------------------------
     def _device_storages(self) -> list[LayerStorage]:
         """Each layer's storage: its rounding buffer's tensors (``self.blocks``: the device blocks)."""
-        nb = storage_bytes(self.model, self.tokens, self.dtype, shapes=self.shapes)
+        names = tuple(self._rank_names)
+        nb = storage_bytes(self.model, self.tokens, self.dtype, names, shapes=self.shapes)
         self.blocks = [torch.empty(nb, dtype=torch.uint8, device=self.device) for _ in range(N_BUFFERS)]
-        bufs = [carve_storage(b, self.model, self.tokens, self.dtype, shapes=self.shapes) for b in self.blocks]
+        bufs = [carve_storage(b, self.model, self.tokens, self.dtype, names, shapes=self.shapes) for b in self.blocks]
         storages = [LayerStorage(bufs[rounding_buffer(i)], self._stats()) for i in range(self.layers)]
         for i, st in enumerate(storages):  # a kept layer keeps its MoE block's graph: nothing of it is re-run, as
             st.keep_moe_internals = not self.offloaded(i)  # the simulator's kept layers keep every tensor
         return storages
 
-    # a pipeline rank: the tensors its rounding blocks hold (every skeletal tensor; checkpoint offload: x), and a
+    # the tensors its rounding blocks hold (every skeletal tensor the layers write; checkpoint offload: x), and a
     # layer's storage over one of them
-    _rank_names = SKELETAL
+    @property
+    def _rank_names(self) -> tuple[str, ...]:
+        return self.names
 
     def _rank_tensors(self, block: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return block
@@ -314,7 +324,7 @@ class TokenOffload(ActivationPolicy):
     # -- per layer -----------------------------------------------------------------------------------
     def storage_for_forward(self, i: int) -> LayerStorage:
         self._cur = i
-        x, body = self._buf(i, ["x"]), self._buf(i, [n for n in SKELETAL if n != "x"])
+        x, body = self._buf(i, ["x"]), self._buf(i, [n for n in self.names if n != "x"])
         if i == 0:  # layer 0's input is copied in from the embedding output
             j = self.rounding.input_write_waits_for(self.unit[0]) if self.rounding is not None else None
             if j is not None:  # a pipeline rank: the buffer's unit before it may still be on its way out
@@ -363,7 +373,7 @@ class TokenOffload(ActivationPolicy):
             self._backward_waits_for_prefetch(i if self.rounding is None else self.k_of[i])
         s = self.storages[i]
         self.recompute(self.compute, weights, s, i)
-        self._declare(f"backward({i})", reads=self._buf(i, SKELETAL))
+        self._declare(f"backward({i})", reads=self._buf(i, self.names))
         return s
 
     def after_backward(self, i: int) -> None:

@@ -27,15 +27,17 @@ micro-batch through one model chunk; `memo_sim.engine.schedules.one_f_one_b`,
   policy's forward-kept bytes (`Policy.forward_kept`: every skeletal tensor for store all, the
   layer input for full recompute, the lse for the offloading policies that keep it) at its forward and frees them
   after its backward, so a rank holds them for every micro-batch in flight (1F1B: p - s on stage
-  s). An offloading policy's unit writes its skeletal tensors (the rounding-buffer slot, one of the
-  policy's own buffers: `unit_slot_bytes`) and copies them to host on ``d2h`` after its forward; the slot is
-  free when the copy ends. MEMO's rounding-buffer rule (`memo_sim.policy.rounding_buffers`) runs
+  s). An offloading policy's unit writes its skeletal tensors into a slot of the rank's rounding blocks (two forward
+  and two prefetch blocks of `unit_slot_bytes` each, held through the step as memo-exec allocates them and the
+  level-2 memory plan places them, `Policy.pipeline_rank_blocks`; a review found the slots allocated per unit and
+  freed at each copy's end, a stage's peak below its own arena) and copies them to host on ``d2h`` after its
+  forward. MEMO's rounding-buffer rule (`memo_sim.policy.rounding_buffers`) runs
   over the rank's forward units in order: a unit's output write waits for the offload of the
   unit before it, and the rank's last two forward units are not offloaded (they stay in their
   slots until their backward). Every micro-batch in flight offloads: each offloaded unit holds
   its pinned host block from the offload's start to the prefetch's end, so the host memory of a
   node counts every micro-batch in flight on every stage it holds. In backward, a unit's
-  prefetch (``h2d``) allocates its slot again. The rounding-buffer rule runs over the rank's
+  prefetch (``h2d``) writes a prefetch block. The rounding-buffer rule runs over the rank's
   units in backward order (across its backward steps, the kept last two included): the k-th
   unit's prefetch waits for the backward of the (k-2)-th (the slot it overwrites), and none is
   issued before the step before its own backward step starts (so a backward step's first
@@ -470,6 +472,8 @@ class _MicrobatchBuilder:
         self.head_bucket_early = self.sync.overlapped and not self.after_chunk and head > 0
         for s, dev in enumerate(devices):
             g.add_static(dev.index, MemAction("gpu", "model_states", costs.model_states[s]))
+            if self.slot:  # the rank's forward and prefetch rounding blocks, held through the step (module docs)
+                g.add_static(dev.index, MemAction("gpu", "rounding_blocks", 2 * N_BUFFERS * self.slot))
         self.ranks = [_Rank() for _ in range(p)]
         self.send_f: dict[tuple[int, int], Op] = {}
         self.send_b: dict[tuple[int, int], Op] = {}
@@ -591,8 +595,7 @@ class _MicrobatchBuilder:
                 deps = deps + [g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
                                      phase="weight_gather", layer=layer, work=sync.layer_gather,
                                      deps=r.fwd_tail.get(u - 2, []), link=sync.link)]
-            start = held(st.mb, layer, self.kept) + (
-                (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), slot),) if slot else ())
+            start = held(st.mb, layer, self.kept)  # its slot: one of the rank's static blocks
             w = output_write_waits_for(u, n_f) if slot else None
             ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb, layer, s), device=d, layer=layer, phase="fwd",
                                    deps=deps,
@@ -605,8 +608,7 @@ class _MicrobatchBuilder:
             if slot and is_offloaded(u, n_f) and costs.offload_bytes > 0:
                 op = g.add(mb_name("offload", st.mb), device=d, stream="d2h", kind="copy", phase="offload", layer=layer,
                            work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="d2h", deps=tail,
-                           mem_start=(MemAction("host", mb_tensor(st.mb, f"L{layer}.offload"), costs.host_block_bytes),),
-                           mem_end=(MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), -slot),))
+                           mem_start=(MemAction("host", mb_tensor(st.mb, f"L{layer}.offload"), costs.host_block_bytes),))
                 r.offload[u] = op
                 sched.copies[(s, st.mb, layer, "offload")] = op
             deps = tail
@@ -641,7 +643,7 @@ class _MicrobatchBuilder:
 
     def backward_step(self, s: int, st: Step) -> None:
         g, sched, costs, sync, p, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.n_f_of[s]
-        slot, held, working, rec_alloc = self.slot, self.held, self.working, self.rec_alloc
+        held, working, rec_alloc = self.held, self.working, self.rec_alloc
         rec = self.stage_sets[self.stage_set[s]][0]["recompute"]
         r, d = self.ranks[s], self.devices[s].index
         vs = st.chunk * p + s
@@ -663,7 +665,6 @@ class _MicrobatchBuilder:
                 pf = g.add(mb_name("prefetch", st.mb), device=d, stream="h2d", kind="copy", phase="prefetch", layer=layer,
                            work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="h2d",
                            deps=list(after) + [r.offload[u]],
-                           mem_start=(MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), slot),),
                            mem_end=(MemAction("host", mb_tensor(st.mb, f"L{layer}.offload"), -costs.host_block_bytes),))
                 sched.copies[(s, st.mb, layer, "prefetch")] = pf
                 deps = deps + [pf]
@@ -674,8 +675,7 @@ class _MicrobatchBuilder:
                                        mem_end=(working(st.mb, layer, "recompute", -1.0),))
                 sched.phases[(s, st.mb, layer, "recompute")] = ops
                 deps = tail
-            freed = held(st.mb, layer, rec_alloc + self.kept, -1.0) + (
-                (MemAction("gpu", mb_tensor(st.mb, f"L{layer}.slot"), -slot),) if slot else ())
+            freed = held(st.mb, layer, rec_alloc + self.kept, -1.0)
             ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb, layer, s), device=d, layer=layer, phase="bwd",
                                    deps=deps,
                                    layout=self.shard_of(s), profile=self.profile, mem_start=(working(st.mb, layer, "bwd"),),
