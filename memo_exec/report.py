@@ -995,9 +995,10 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
                      "autograd as the step runs, not sized before it, so they read — too, and so do the total "
                      "(peak_total) and the row `executor's memory estimate` above: a sum without them against the "
                      "predicted peak would read as an error.")
-    if p.model.moe and p.policy.name == "recompute_moe":  # where the rebuilt block's tensors are counted
+    if p.model.moe and p.policy.name in ("recompute_moe", "checkpoint_offload"):  # the rebuilt block's tensors
+        rebuilt = "the rebuilt norm" if p.policy.name == "recompute_moe" else "the rebuilt layer's tensors"
         L.append("")
-        L.append("Under recompute_moe the simulator's buffers term is its recompute buffer: the rebuilt norm and every "
+        L.append(f"Under {p.policy.name} the simulator's buffers term holds its recompute buffer: {rebuilt} and every "
                  "tensor the re-run MoE block keeps for its backward, one layer's at a time; this executor re-runs the "
                  "block under autograd, whose saved tensors are the backward's own allocations (not in its buffers "
                  "term, and not estimated beside the layer's transients), so the two buffers terms differ by them.")
