@@ -184,6 +184,12 @@ def _loc_text(loc: tuple) -> str:
     return out or "(top)"
 
 
+def _did_you_mean(source: str, where: str, name) -> str:
+    """An unknown field's line, naming the known field it is nearest to."""
+    line = f"{where}: unknown field; did you mean {str(name)!r}?"
+    return f"{source}: {line}" if source else line
+
+
 def validation_message(err, source: str, drop: int = 0, known: tuple[str, ...] = ()) -> str:
     """The first error of a pydantic ``ValidationError`` as one line: ``source: field: problem,
     got X; fix``. Messages of our own validators already carry their fix after a ``;``. ``drop``:
@@ -198,9 +204,7 @@ def validation_message(err, source: str, drop: int = 0, known: tuple[str, ...] =
 
         near = difflib.get_close_matches(str(loc0[-1]), known, n=1, cutoff=0.75)
         if near:
-            where = _loc_text(loc0[drop:])
-            return (f"{source}: {where}: unknown field; did you mean {near[0]!r}?" if source else
-                    f"{where}: unknown field; did you mean {near[0]!r}?")
+            return _did_you_mean(source, _loc_text(loc0[drop:]), near[0])
     if e.get("type") == "missing":  # a misspelt field reads as a missing one beside an unknown one: name the typo
         import difflib  # noqa: PLC0415
 
@@ -209,9 +213,7 @@ def validation_message(err, source: str, drop: int = 0, known: tuple[str, ...] =
             xl = tuple(x.get("loc", ()))
             if (x.get("type") == "extra_forbidden" and xl[:-1] == loc[:-1] and loc
                     and difflib.get_close_matches(str(xl[-1]), [str(loc[-1])], n=1, cutoff=0.75)):
-                where = _loc_text(xl[drop:])
-                return f"{source}: {where}: unknown field; did you mean {loc[-1]!r}?" if source else \
-                    f"{where}: unknown field; did you mean {loc[-1]!r}?"
+                return _did_you_mean(source, _loc_text(xl[drop:]), loc[-1])
     kind = e.get("type", "")
     msg = {"missing": "missing field", "extra_forbidden": "unknown field"}.get(
         kind, str(e.get("msg", "invalid")).replace("\n", " "))
