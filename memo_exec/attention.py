@@ -33,6 +33,7 @@ from memo_sim.model.layer_graph import LSE_BYTES, attention_bwd_workspace_bytes
 from memo_sim.plan.schema import ATTENTION_BACKENDS
 
 BACKENDS = ATTENTION_BACKENDS  # the names plan.json may carry (memo_sim.plan.schema)
+VALUE_WIDTH = "value heads of another width than the query heads"  # latent attention's (`AttnDims.dv`)
 AUTO_ORDER_CUDA = ("flash_attn", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "math")
 CUDA_ONLY = ("sdpa_efficient", "sdpa_cudnn", "flash_attn")  # the rest run on a CPU too
 ON_CPU = tuple(sorted(n for n in BACKENDS if n != "auto" and n not in CUDA_ONLY))  # math, sdpa_flash
@@ -53,11 +54,17 @@ class AttnDims:
     window: int = 0  # a sliding-window layer's: each query sees the last ``window`` tokens (0: every earlier one)
     sinks: bool = False  # the layers add attention sinks (`memo_exec.attention_sinks`): the kernel's lse is read
     chunk: int = 0  # a chunked layer's (Llama 4): each query sees the earlier keys of its own ``chunk`` tokens only
+    v_head_dim: int = 0  # a value head's width where it is not the query/key head's (latent attention); 0: the same
+
+    @property
+    def dv(self) -> int:
+        """One value head's width (the output's per head)."""
+        return self.v_head_dim or self.head_dim
 
     def needs(self) -> list[str]:
         """What the layers ask of a kernel beyond causal attention (for `AttentionBackend.why_not`)."""
         return (["sliding windows"] * bool(self.window) + ["attention sinks"] * self.sinks
-                + ["chunked attention"] * bool(self.chunk))
+                + ["chunked attention"] * bool(self.chunk) + [VALUE_WIDTH] * (self.dv != self.head_dim))
 
     @property
     def tokens(self) -> int:
@@ -66,6 +73,12 @@ class AttnDims:
     @property
     def group(self) -> int:
         return self.heads // self.kv_heads
+
+
+def value_width(model) -> int:
+    """`AttnDims.v_head_dim` of a model's layers: its value head's width where it differs from the query/key
+    head's (latent attention), else 0."""
+    return model.value_head_dim if model.value_head_dim != model.qk_head_dim else 0
 
 
 def layer_needs(model) -> dict:
@@ -119,11 +132,13 @@ class AttentionBackend(ABC):
     windows = False
     sinks = False
     chunks = False
+    value_dims = False  # whether it runs value heads of another width than the query/key heads (`AttnDims.dv`)
 
     @classmethod
     def lacks(cls, dims: AttnDims) -> list[str]:
         """What of `AttnDims.needs` this backend does not run."""
-        runs = {"sliding windows": cls.windows, "attention sinks": cls.sinks, "chunked attention": cls.chunks}
+        runs = {"sliding windows": cls.windows, "attention sinks": cls.sinks, "chunked attention": cls.chunks,
+                VALUE_WIDTH: cls.value_dims}
         return [n for n in dims.needs() if not runs[n]]
 
     @classmethod
@@ -158,7 +173,7 @@ class MathAttention(AttentionBackend):
 
     name = "math"
     uses_scratch = True
-    windows = sinks = chunks = True
+    windows = sinks = chunks = value_dims = True
 
     def __init__(self, score_budget_bytes: int = MATH_SCORE_BUDGET_BYTES) -> None:
         self.budget = score_budget_bytes
@@ -169,30 +184,31 @@ class MathAttention(AttentionBackend):
 
     def _kv_scratch(self, scratch, dims, acc):
         kk = scratch.get("attn_k", (dims.kv_heads, dims.seq, dims.head_dim), acc)
-        vv = scratch.get("attn_v", (dims.kv_heads, dims.seq, dims.head_dim), acc)
+        vv = scratch.get("attn_v", (dims.kv_heads, dims.seq, dims.dv), acc)
         return kk, vv
 
     @staticmethod
-    def _rows(t: torch.Tensor, dims: AttnDims, bi: int, heads: int) -> torch.Tensor:
+    def _rows(t: torch.Tensor, dims: AttnDims, bi: int, heads: int, width: int = 0) -> torch.Tensor:
+        """Sequence ``bi``'s rows of token-major ``t`` as [seq, heads, width] (default: the query/key head's)."""
         s = dims.seq
-        return t[bi * s:(bi + 1) * s].view(s, heads, dims.head_dim)
+        return t[bi * s:(bi + 1) * s].view(s, heads, width or dims.head_dim)
 
     def forward(self, q, k, v, out, dims: AttnDims, scratch) -> Any:
         acc = acc_dtype(q.dtype)
-        b, s, hk, g, d = dims.batch, dims.seq, dims.kv_heads, dims.group, dims.head_dim
+        b, s, hk, g, d, dv = dims.batch, dims.seq, dims.kv_heads, dims.group, dims.head_dim, dims.dv
         scale = 1.0 / math.sqrt(d)
         c = self.chunk_tokens(dims, acc)
         lse = torch.empty(b, dims.heads, s, dtype=acc, device=q.device)
         kk, vv = self._kv_scratch(scratch, dims, acc)
         qq = scratch.get("attn_q", (hk, g * c, d), acc)
         ss = scratch.get("attn_s", (hk, g * c, s), acc)
-        oo = scratch.get("attn_o", (hk, g * c, d), acc)
+        oo = scratch.get("attn_o", (hk, g * c, dv), acc)
         mask = torch.ones(c, c, dtype=torch.bool, device=q.device).triu_(1)
         # on the meta device (dry runs that record the scratch requests) there are no values to compute
         for bi in range(b if q.device.type != "meta" else 0):
             kk.copy_(self._rows(k, dims, bi, hk).transpose(0, 1))
-            vv.copy_(self._rows(v, dims, bi, hk).transpose(0, 1))
-            qb, ob = self._rows(q, dims, bi, dims.heads), self._rows(out, dims, bi, dims.heads)
+            vv.copy_(self._rows(v, dims, bi, hk, dv).transpose(0, 1))
+            qb, ob = self._rows(q, dims, bi, dims.heads), self._rows(out, dims, bi, dims.heads, dv)
             for t0 in range(0, s, c):
                 cc = min(c, s - t0)
                 hi = t0 + cc
@@ -208,34 +224,34 @@ class MathAttention(AttentionBackend):
                 sc.sub_(l_c.unsqueeze(-1)).exp_()
                 o = oo[:, :g * cc]
                 torch.bmm(sc, vv[:, :hi], out=o)
-                ob[t0:hi].view(cc, hk, g, d).copy_(o.view(hk, g, cc, d).permute(2, 0, 1, 3))
+                ob[t0:hi].view(cc, hk, g, dv).copy_(o.view(hk, g, cc, dv).permute(2, 0, 1, 3))
         for n in ("attn_o", "attn_s", "attn_q", "attn_v", "attn_k"):
             scratch.free(n)
         return {"lse": lse}
 
-    def backward(self, dout, q, k, v, out, aux, dq, dk, dv, dims: AttnDims, scratch) -> None:
+    def backward(self, dout, q, k, v, out, aux, dq, dk, dv_out, dims: AttnDims, scratch) -> None:
         acc = acc_dtype(q.dtype)
-        b, s, hk, g, d = dims.batch, dims.seq, dims.kv_heads, dims.group, dims.head_dim
+        b, s, hk, g, d, dv = dims.batch, dims.seq, dims.kv_heads, dims.group, dims.head_dim, dims.dv
         scale = 1.0 / math.sqrt(d)
         c = self.chunk_tokens(dims, acc)
         lse = aux["lse"]
         kk, vv = self._kv_scratch(scratch, dims, acc)
         dkk = scratch.get("attn_dk", (hk, s, d), acc)
-        dvv = scratch.get("attn_dv", (hk, s, d), acc)
+        dvv = scratch.get("attn_dv", (hk, s, dv), acc)
         qq = scratch.get("attn_q", (hk, g * c, d), acc)
-        doo = scratch.get("attn_do", (hk, g * c, d), acc)
+        doo = scratch.get("attn_do", (hk, g * c, dv), acc)
         ss = scratch.get("attn_s", (hk, g * c, s), acc)
         dp = scratch.get("attn_dp", (hk, g * c, s), acc)
         dqq = scratch.get("attn_dq", (hk, g * c, d), acc)
-        tmp = scratch.get("attn_tmp", (c, dims.heads * d), acc)
+        tmp = scratch.get("attn_tmp", (c, dims.heads * dv), acc)
         mask = torch.ones(c, c, dtype=torch.bool, device=q.device).triu_(1)
         for bi in range(b if q.device.type != "meta" else 0):
             kk.copy_(self._rows(k, dims, bi, hk).transpose(0, 1))
-            vv.copy_(self._rows(v, dims, bi, hk).transpose(0, 1))
+            vv.copy_(self._rows(v, dims, bi, hk, dv).transpose(0, 1))
             dkk.zero_()
             dvv.zero_()
             qb = self._rows(q, dims, bi, dims.heads)
-            dob = self._rows(dout, dims, bi, dims.heads)
+            dob = self._rows(dout, dims, bi, dims.heads, dv)
             obf = out[bi * s:(bi + 1) * s]
             dobf = dout[bi * s:(bi + 1) * s]
             dqb = self._rows(dq, dims, bi, dims.heads)
@@ -245,10 +261,10 @@ class MathAttention(AttentionBackend):
                 qg = qq[:, :g * cc]
                 qg.view(hk, g, cc, d).copy_(qb[t0:hi].view(cc, hk, g, d).permute(1, 2, 0, 3))
                 dog = doo[:, :g * cc]
-                dog.view(hk, g, cc, d).copy_(dob[t0:hi].view(cc, hk, g, d).permute(1, 2, 0, 3))
+                dog.view(hk, g, cc, dv).copy_(dob[t0:hi].view(cc, hk, g, dv).permute(1, 2, 0, 3))
                 # delta = rowsum(dO * O) per (head, row)
                 torch.mul(dobf[t0:hi], obf[t0:hi], out=tmp[:cc])
-                delta = tmp[:cc].view(cc, hk, g, d).sum(-1).permute(1, 2, 0).reshape(hk, g * cc)
+                delta = tmp[:cc].view(cc, hk, g, dv).sum(-1).permute(1, 2, 0).reshape(hk, g * cc)
                 # probabilities from the saved lse
                 sc = ss[:, :g * cc, :hi]
                 torch.bmm(qg, kk[:, :hi].transpose(1, 2), out=sc)
@@ -267,7 +283,7 @@ class MathAttention(AttentionBackend):
                 dkk[:, :hi].baddbmm_(dpc.transpose(1, 2), qg)
                 dqb[t0:hi].view(cc, hk, g, d).copy_(dqg.view(hk, g, cc, d).permute(2, 0, 1, 3))
             self._rows(dk, dims, bi, hk).copy_(dkk.transpose(0, 1))
-            self._rows(dv, dims, bi, hk).copy_(dvv.transpose(0, 1))
+            self._rows(dv_out, dims, bi, hk, dv).copy_(dvv.transpose(0, 1))
         for n in ("attn_tmp", "attn_dq", "attn_dp", "attn_s", "attn_do", "attn_q", "attn_dv", "attn_dk",
                   "attn_v", "attn_k"):
             scratch.free(n)
@@ -451,15 +467,15 @@ def probe(backend: AttentionBackend, device: torch.device, dtype: torch.dtype, d
     """Run forward + backward on a tiny problem with the real head sizes; raise BackendError if it fails."""
     from memo_exec.arena import CachingScratch  # noqa: PLC0415 - avoid an import cycle
 
-    small = AttnDims(1, 64, dims.heads, dims.kv_heads, dims.head_dim)
+    small = AttnDims(1, 64, dims.heads, dims.kv_heads, dims.head_dim, v_head_dim=dims.v_head_dim)
     g = torch.Generator(device="cpu").manual_seed(0)
 
     def mk(w: int) -> torch.Tensor:
         return torch.randn(small.tokens, w, generator=g, dtype=torch.float32).to(device=device, dtype=dtype)
 
     h, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    q, k, v = mk(h), mk(kv), mk(kv)
-    out = torch.empty_like(q)
+    q, k, v = mk(h), mk(kv), mk(dims.kv_heads * small.dv)
+    out = q.new_empty(small.tokens, dims.heads * small.dv)
     scr = CachingScratch(device)
     try:
         aux = backend.forward(q, k, v, out, small, scr)
@@ -512,7 +528,7 @@ def rank_attention_dims(lay, model, micro: int, seq: int, tp: int) -> AttnDims:
     u = lay.ulysses
     r = lay.kv_repeat(model.n_kv_heads, model.heads)
     return AttnDims(micro, seq // lay.cp, model.heads // (tp * u), model.n_kv_heads * r // (tp * u),
-                    model.qk_head_dim, **layer_needs(model))
+                    model.qk_head_dim, v_head_dim=value_width(model), **layer_needs(model))
 
 
 def auto_backend_for(device_type: str, dtype: torch.dtype, dims: AttnDims, prefer: tuple[str, ...] = ()) -> str:

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memo_exec.attention import AttentionBackend, AttnDims, layer_needs
+from memo_exec.attention import AttentionBackend, AttnDims, layer_needs, value_width
 from memo_exec.attention_sinks import apply_sinks, sinks_grad
 from memo_exec.errors import BackendError, ExecError
 from memo_exec.device import acc_dtype
@@ -76,18 +76,31 @@ def _tensor_specs(model: ModelConfig):
     return layer_tensors(dense_view(model))
 
 
+MLA_LATENTS = ("q_lat", "q_latn", "kv_lat", "kv_latn")  # latent attention's kept latents (the layer graph's)
+
+
+def skeletal_names(model: ModelConfig) -> tuple[str, ...]:
+    """The skeletal tensors of ``model``'s layer: `SKELETAL`, with latent attention's latents after ln1 (the layer
+    graph's order: `memo_sim.model.layer_graph`; q_lat and q_latn where the queries have a latent)."""
+    if not model.mla:
+        return SKELETAL
+    specs = _tensor_specs(model)
+    return SKELETAL[:2] + tuple(n for n in MLA_LATENTS if n in specs) + SKELETAL[2:]
+
+
 def written_skeletal(model: ModelConfig) -> tuple[str, ...]:
-    """The skeletal tensors some layer of ``model`` writes: `SKELETAL`, less fc1 and act where every layer is a
+    """The skeletal tensors some layer of ``model`` writes: `skeletal_names`, less fc1 and act where every layer is a
     MoE layer (its block replaces fc1, act and fc2 and keeps its own tensors, `memo_exec.moe.block`; the
     simulator's MoE layer has neither)."""
+    names = skeletal_names(model)
     if model.moe and not model.mixes_dense_layers:
-        return tuple(n for n in SKELETAL if n not in ("fc1", "act"))
-    return SKELETAL
+        return tuple(n for n in names if n not in ("fc1", "act"))
+    return names
 
 
 def skeletal_widths(model: ModelConfig) -> dict[str, int]:
     specs = _tensor_specs(model)
-    return {n: specs[n].width for n in SKELETAL}
+    return {n: specs[n].width for n in skeletal_names(model)}
 
 
 def storage_shapes(model: ModelConfig, tp: int = 1, sp: bool = True, kept: bool = False) -> dict[str, tuple[int, int]]:
@@ -99,7 +112,7 @@ def storage_shapes(model: ModelConfig, tp: int = 1, sp: bool = True, kept: bool 
     specs = _tensor_specs(model)
     gathered = sp_kept_inputs(model) if kept and sp and tp > 1 else {}
     out = {}
-    for n in SKELETAL:
+    for n in skeletal_names(model):
         s = specs[n]
         if s.tp_split and tp > 1:
             out[n] = (tp if sp else 1, s.width // tp)
@@ -116,18 +129,19 @@ def _shapes(model: ModelConfig, shapes) -> dict[str, tuple[int, int]]:
 
 def skeletal_roles(model: ModelConfig) -> dict[str, str]:
     specs = _tensor_specs(model)
-    return {n: specs[n].role for n in SKELETAL}
+    return {n: specs[n].role for n in skeletal_names(model)}
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def storage_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype, names=SKELETAL, shapes=None) -> int:
-    """Bytes of the named skeletal tensors for ``tokens`` local tokens (``shapes``: `storage_shapes`)."""
+def storage_bytes(model: ModelConfig, tokens: int, dtype: torch.dtype, names=None, shapes=None) -> int:
+    """Bytes of the named skeletal tensors (default every one, `skeletal_names`) for ``tokens`` local tokens
+    (``shapes``: `storage_shapes`)."""
     esize = torch.empty((), dtype=dtype, device="meta").element_size()
     sh = _shapes(model, shapes)
-    return sum(_align(tokens * sh[n][0] * sh[n][1] * esize) for n in names)
+    return sum(_align(tokens * sh[n][0] * sh[n][1] * esize) for n in (names or skeletal_names(model)))
 
 
 def stats_bytes(tokens: int, dtype: torch.dtype) -> int:
@@ -178,13 +192,13 @@ class LayerStorage:
 
 
 def carve_storage(block: torch.Tensor, model: ModelConfig, tokens: int, dtype: torch.dtype,
-                  names=SKELETAL, shapes=None) -> dict[str, torch.Tensor]:
+                  names=None, shapes=None) -> dict[str, torch.Tensor]:
     """Cut named ``[rows, width]`` views out of one uint8 block (256-byte aligned); rows = tokens x
     the tensor's rows per token (``shapes``: `storage_shapes`; default one row of the full width)."""
     sh = _shapes(model, shapes)
     esize = torch.empty((), dtype=dtype, device="meta").element_size()
     out, off = {}, 0
-    for n in names:
+    for n in names or skeletal_names(model):
         rows, w = tokens * sh[n][0], sh[n][1]
         nb = rows * w * esize
         out[n] = block[off:off + nb].view(dtype).view(rows, w)
@@ -228,8 +242,18 @@ class LayerWeights(nn.Module):
         opt = lambda name, *s: mk(*s) if name in biases else None  # noqa: E731
         shift = model.norm == "layernorm"
         self.ln1_w, self.ln1_b = mk(h), mk(h) if shift else None
-        self.wqkv, self.bqkv = mk(hq + 2 * kv, h), opt("bqkv", hq + 2 * kv)
-        self.wo, self.bo = mk(h, hq), opt("bo", h)
+        if model.mla:  # latent attention (DeepSeek-V2/V3): down projections, their RMSNorms, up projections
+            r, lr, tail = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_dim
+            self.wqkv = self.bqkv = None
+            self.wq = None if r else mk(hq, h)
+            self.wq_down, self.ln_qlat_w, self.wq_up = (mk(r, h), mk(r), mk(hq, r)) if r else (None, None, None)
+            self.wkv_down, self.ln_kvlat_w = mk(lr + tail, h), mk(lr)
+            self.wkv_up = mk(model.heads * (model.head_dim + model.value_head_dim) // tp, lr)
+        else:
+            self.wqkv, self.bqkv = mk(hq + 2 * kv, h), opt("bqkv", hq + 2 * kv)
+            self.wq = self.wq_down = self.ln_qlat_w = self.wq_up = self.wkv_down = self.ln_kvlat_w = None
+            self.wkv_up = None
+        self.wo, self.bo = mk(h, model.attn_dim // tp), opt("bo", h)
         # QK norms (Qwen3): one RMSNorm weight over the head size for every query head, one for every key head
         self.lnq_w, self.lnk_w = (mk(model.qk_head_dim), mk(model.qk_head_dim)) if model.qk_norm else (None, None)
         # attention sinks (GPT-OSS): one learned logit per query head in every softmax's denominator
@@ -380,7 +404,8 @@ class LayerCompute(HeadNorms):
             from memo_exec.moe.block import MoEBlock  # noqa: PLC0415
 
             self.moe = MoEBlock(m, tp_size=p, tp_group=getattr(self.tp, "group", None))
-        self.dims = AttnDims(self.batch, self.seq, m.heads // p, m.n_kv_heads // p, m.qk_head_dim)
+        kvh = m.heads if m.mla else m.n_kv_heads  # latent attention's keys and values: one per query head
+        self.dims = AttnDims(self.batch, self.seq, m.heads // p, kvh // p, m.qk_head_dim, v_head_dim=value_width(m))
         why = self.backend.why_not(replace(self.dims, **layer_needs(m)))  # windows, sinks: the layer's own kernel
         if why:
             raise BackendError(why)
@@ -389,6 +414,7 @@ class LayerCompute(HeadNorms):
         self.T = self.Tg // self.m  # rows of x, ln1, h1, ln2 and the layer output
         self.h = m.hidden
         self.hq, self.kv, self.f = m.q_dim // p, m.kv_dim // p, m.ffn // p
+        self.kvv, self.ha = m.v_dim // p, m.attn_dim // p  # the values' and the attention output's widths
         self.qk_norm, self.head = m.qk_norm, m.qk_head_dim
         self.gemm = layer_gemm(m.gemm_format)  # the linear GEMMs in the plan's format (`memo_exec.gemm_formats`)
         self.fc1w = m.fc1_width // p
@@ -491,12 +517,16 @@ class LayerCompute(HeadNorms):
         with sp("qkv", layer, phase):
             ln1 = self._gathered_input(ln1_out, S.ln1, rg, X, "ln1")
             del ln1_out
-            bs = self._qkv_slices(p.bqkv) if p.bqkv is not None else (None, None, None)
-            cast = self._cast(ln1, S, "qkv", phase)  # the fused projection's input, cast once (FP8)
-            for w, b, out in zip(self._qkv_slices(p.wqkv), bs, (S.q, S.k, S.v)):
-                self.gemm.forward(ln1, w, out[rg], b, cast)
+            if p.wqkv is None:  # latent attention (one TP rank: the rows are the rank's own)
+                self._mla_forward(p, S, ln1, rg, X)
+            else:
+                bs = self._qkv_slices(p.bqkv) if p.bqkv is not None else (None, None, None)
+                cast = self._cast(ln1, S, "qkv", phase)  # the fused projection's input, cast once (FP8)
+                for w, b, out in zip(self._qkv_slices(p.wqkv), bs, (S.q, S.k, S.v)):
+                    self.gemm.forward(ln1, w, out[rg], b, cast)
+                del cast
             self._release_input(X, "ln1")
-            del ln1, cast
+            del ln1
         if attention:
             with sp("attention", layer, phase):
                 q, k = self._attention_qk(p, S)
@@ -708,7 +738,7 @@ class LayerCompute(HeadNorms):
     def _backward_attention(self, p: LayerWeights, S: LayerStorage, dy: torch.Tensor, d_ln2: torch.Tensor,
                             layer: int, scratch_d_ln2: bool = True) -> torch.Tensor:
         """From d ln2 (``dy`` holds the output gradient, accumulated into in place) to dx."""
-        X, sp, T, Tg, h, dt, tp = self.scratch, self.timer.span, self.T, self.Tg, self.h, self.dtype, self.tp
+        X, sp, T, Tg, dt, tp = self.scratch, self.timer.span, self.T, self.Tg, self.dtype, self.tp
         ph = "bwd"
         one, oneg = self.ones[:T], self.ones
         with sp("ln2", layer, ph):
@@ -722,13 +752,13 @@ class LayerCompute(HeadNorms):
             if p.bo is not None:
                 p.bo.grad.addmv_(d_h1.t(), one)
             d_h1g = tp.gather(d_h1, X, "d_h1_gathered")
-            d_attn = self._linear_backward(d_h1g, S.attn, p.wo, None, oneg, X.get("d_attn", (Tg, self.hq), dt))
+            d_attn = self._linear_backward(d_h1g, S.attn, p.wo, None, oneg, X.get("d_attn", (Tg, self.ha), dt))
             tp.release(X, "d_h1_gathered")
             del d_h1g
         with sp("attention", layer, ph):
             d_q = X.get("d_q", (Tg, self.hq), dt)
             d_k = X.get("d_k", (Tg, self.kv), dt)
-            d_v = X.get("d_v", (Tg, self.kv), dt)
+            d_v = X.get("d_v", (Tg, self.kvv), dt)
             q, k = self._attention_qk(p, S)
             dims = self._dims(p)
             if p.sinks is not None:  # before the kernel's backward, which may reuse d_attn (module attention_sinks)
@@ -739,30 +769,14 @@ class LayerCompute(HeadNorms):
             del d_attn, q, k
             self._qk_norm_backward(p, S, d_q, d_k)
         with sp("qkv", layer, ph):
-            ln1 = S.ln1 if tp.kept else tp.gather(S.ln1, X, "ln1_gathered")
-            ws, gws = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad)
-            gbs = self._qkv_slices(p.bqkv.grad) if p.bqkv is not None else (None, None, None)
-            cast = self.gemm.cast_wgrad_input(ln1)  # the fused projection's input, cast once (FP8)
-            for d, gw, gb in zip((d_q, d_k, d_v), gws, gbs):
-                self.gemm.wgrad(d, ln1, gw, cast)
-                if gb is not None:
-                    gb.addmv_(d.t(), oneg)
-            self._release_input(X, "ln1")
-            del ln1, cast
-            d_ln1p = X.get("d_ln1", (T, h), dt) if tp.size == 1 else X.get("d_ln1_partial", (Tg, h), dt)
-            self.gemm.dgrad(d_q, ws[0], d_ln1p)
-            self.gemm.dgrad(d_k, ws[1], d_ln1p, accumulate=True)
-            self.gemm.dgrad(d_v, ws[2], d_ln1p, accumulate=True)
-            for n in ("d_q", "d_k", "d_v"):
-                X.free(n)
-            del d_q, d_k, d_v
-            if tp.size == 1:
-                d_ln1 = d_ln1p
-            else:  # the reduce's output after d_q/d_k/d_v are freed, as the simulator orders it (see ``backward``)
-                d_ln1 = X.get("d_ln1", (T, h), dt)
-                tp.reduce(d_ln1p, d_ln1)
-                X.free("d_ln1_partial")
-            del d_ln1p
+            if p.wqkv is None:  # latent attention: d ln1 from both down projections
+                d_ln1 = self._mla_backward(p, S, d_q, d_k, d_v, X)
+                for n in ("d_q", "d_k", "d_v"):
+                    X.free(n)
+                del d_q, d_k, d_v
+            else:
+                d_ln1 = self._qkv_backward(p, S, d_q, d_k, d_v, X)
+                del d_q, d_k, d_v  # freed in the scratch there: no reference left here either
         with sp("ln1", layer, ph):
             dx = self._norm_backward(d_ln1, S.x, S.stats[0].view(T, 1), S.stats[1].view(T, 1), p.ln1_w, p.ln1_b)
             X.free("d_ln1")
@@ -770,6 +784,106 @@ class LayerCompute(HeadNorms):
             dx.add_(d_h1)
             del d_h1
         return dx
+
+    def _qkv_backward(self, p: LayerWeights, S: LayerStorage, d_q, d_k, d_v, X) -> torch.Tensor:
+        """The fused QKV projection's backward: its weight (and bias) gradients, d_q / d_k / d_v freed, d ln1 (the TP
+        group's partial sums reduced) returned in scratch ``d_ln1``."""
+        T, Tg, h, dt, tp, oneg = self.T, self.Tg, self.h, self.dtype, self.tp, self.ones
+        ln1 = S.ln1 if tp.kept else tp.gather(S.ln1, X, "ln1_gathered")
+        ws, gws = self._qkv_slices(p.wqkv), self._qkv_slices(p.wqkv.grad)
+        gbs = self._qkv_slices(p.bqkv.grad) if p.bqkv is not None else (None, None, None)
+        cast = self.gemm.cast_wgrad_input(ln1)  # the fused projection's input, cast once (FP8)
+        for d, gw, gb in zip((d_q, d_k, d_v), gws, gbs):
+            self.gemm.wgrad(d, ln1, gw, cast)
+            if gb is not None:
+                gb.addmv_(d.t(), oneg)
+        self._release_input(X, "ln1")
+        del ln1, cast
+        d_ln1p = X.get("d_ln1", (T, h), dt) if tp.size == 1 else X.get("d_ln1_partial", (Tg, h), dt)
+        self.gemm.dgrad(d_q, ws[0], d_ln1p)
+        self.gemm.dgrad(d_k, ws[1], d_ln1p, accumulate=True)
+        self.gemm.dgrad(d_v, ws[2], d_ln1p, accumulate=True)
+        for n in ("d_q", "d_k", "d_v"):
+            X.free(n)
+        del d_q, d_k, d_v
+        if tp.size == 1:
+            return d_ln1p
+        # the reduce's output after d_q/d_k/d_v are freed, as the simulator orders it (see ``backward``)
+        d_ln1 = X.get("d_ln1", (T, h), dt)
+        tp.reduce(d_ln1p, d_ln1)
+        X.free("d_ln1_partial")
+        return d_ln1
+
+    # ------------------------------------------------------------------ latent attention (one TP rank)
+    def _latent_rstd(self, x: torch.Tensor, X, name: str) -> torch.Tensor:
+        """A latent RMSNorm's rstd [n, 1] of ``x``'s rows, in scratch ``name`` (the norm's statistics are not kept:
+        the backward forms them again from the kept latent, a row reduction)."""
+        rstd = X.get(name, (x.shape[0],), acc_dtype(self.dtype))
+        torch.linalg.vector_norm(x, 2, -1, dtype=rstd.dtype, out=rstd)
+        rstd.square_().mul_(1.0 / x.shape[-1]).add_(self.eps).rsqrt_()
+        return rstd.unsqueeze(1)
+
+    def _latent_norm(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, X) -> None:
+        rstd = self._latent_rstd(x, X, "latent_rstd")
+        torch.mul(x, rstd, out=out)
+        out.mul_(w)
+        X.free("latent_rstd")
+
+    def _mla_forward(self, p: LayerWeights, S: LayerStorage, ln1: torch.Tensor, r: slice, X) -> None:
+        """Rows ``r`` of q, k, v from ln1's (`memo_sim.model.layer_graph._mla_ops`): q = up(norm(down(ln1))) (or one
+        projection), kv_lat = down(ln1) = [latent | shared rope key], k = [up(norm(latent)) keys | rope key on every
+        head], v = up(norm(latent)) values. Every op is row-wise, so MEMO's recompute rebuilds any rows."""
+        m, n = self.model, ln1.shape[0]
+        nope, tail, dv, lr, H = m.head_dim, m.qk_rope_dim, m.value_head_dim, m.kv_lora_rank, m.heads
+        if p.wq is not None:
+            self.gemm.forward(ln1, p.wq, S.q[r])
+        else:
+            self.gemm.forward(ln1, p.wq_down, S.q_lat[r])
+            self._latent_norm(S.q_lat[r], p.ln_qlat_w, S.q_latn[r], X)
+            self.gemm.forward(S.q_latn[r], p.wq_up, S.q[r])
+        self.gemm.forward(ln1, p.wkv_down, S.kv_lat[r])
+        self._latent_norm(S.kv_lat[r, :lr], p.ln_kvlat_w, S.kv_latn[r], X)
+        kvu = X.get("kv_up", (n, H * (nope + dv)), self.dtype)
+        self.gemm.forward(S.kv_latn[r], p.wkv_up, kvu)
+        kvu3, k3 = kvu.view(n, H, nope + dv), S.k[r].view(n, H, nope + tail)
+        k3[..., :nope].copy_(kvu3[..., :nope])
+        k3[..., nope:].copy_(S.kv_lat[r, lr:].unsqueeze(1))
+        S.v[r].view(n, H, dv).copy_(kvu3[..., nope:])
+        X.free("kv_up")
+
+    def _mla_backward(self, p: LayerWeights, S: LayerStorage, d_q, d_k, d_v, X) -> torch.Tensor:
+        """`_mla_forward`'s backward: every latent projection's and norm's weight gradient accumulated, d ln1 returned
+        in scratch ``d_ln1`` (the shared rope key's gradient the sum over the heads)."""
+        m, T, dt, one = self.model, self.T, self.dtype, self.ones
+        nope, tail, dv, lr, H = m.head_dim, m.qk_rope_dim, m.value_head_dim, m.kv_lora_rank, m.heads
+        d_ln1 = X.get("d_ln1", (T, self.h), dt)
+        d_kvu = X.get("d_kv_up", (T, H * (nope + dv)), dt)
+        dk3, du3 = d_k.view(T, H, nope + tail), d_kvu.view(T, H, nope + dv)
+        du3[..., :nope].copy_(dk3[..., :nope])
+        du3[..., nope:].copy_(d_v.view(T, H, dv))
+        d_kv_lat = X.get("d_kv_lat", (T, lr + tail), dt)
+        d_kv_lat[:, lr:].copy_(dk3[..., nope:].sum(1))
+        d_kv_latn = self._linear_backward(d_kvu, S.kv_latn, p.wkv_up, None, one, X.get("d_kv_latn", (T, lr), dt))
+        X.free("d_kv_up")
+        rstd = self._latent_rstd(S.kv_lat[:, :lr], X, "latent_rstd")
+        d_kv_lat[:, :lr].copy_(rms_norm_backward(d_kv_latn, S.kv_lat[:, :lr], rstd, p.ln_kvlat_w, p.ln_kvlat_w.grad))
+        X.free("latent_rstd")
+        X.free("d_kv_latn")
+        self._linear_backward(d_kv_lat, S.ln1, p.wkv_down, None, one, d_ln1)
+        X.free("d_kv_lat")
+        if p.wq is not None:
+            self.gemm.wgrad(d_q, S.ln1, p.wq.grad)
+            self.gemm.dgrad(d_q, p.wq, d_ln1, accumulate=True)
+            return d_ln1
+        r = m.q_lora_rank
+        d_q_latn = self._linear_backward(d_q, S.q_latn, p.wq_up, None, one, X.get("d_q_latn", (T, r), dt))
+        rstd = self._latent_rstd(S.q_lat, X, "latent_rstd")
+        d_q_lat = rms_norm_backward(d_q_latn, S.q_lat, rstd, p.ln_qlat_w, p.ln_qlat_w.grad).to(dt)
+        X.free("latent_rstd")
+        X.free("d_q_latn")
+        self.gemm.wgrad(d_q_lat, S.ln1, p.wq_down.grad)
+        self.gemm.dgrad(d_q_lat, p.wq_down, d_ln1, accumulate=True)
+        return d_ln1
 
 
 def _layer_norm_backward(dout, x, mean, rstd, weight, bias):

@@ -63,7 +63,7 @@ from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.store_all import StoreAll
 from memo_exec.device import acc_dtype, element_size
 from memo_exec.errors import ExecError
-from memo_exec.layer import SKELETAL, LayerStorage
+from memo_exec.layer import LayerStorage, skeletal_names
 from memo_exec.model import GPT, LayerFn, LayerHooks, LayerRuntime, norm
 from memo_exec.moe.block import MoESaved
 from memo_exec.moe.comm import sp_gather_linear, sp_reduce_scatter
@@ -177,7 +177,7 @@ class ModuleStore(StoreAll):
 
     def _names(self, i: int) -> tuple[str, ...]:
         """A MoE layer writes no fc1 and act (its block keeps its own), whatever the model's other layers."""
-        return tuple(n for n in SKELETAL if not (self.model.mtp_moe and n in ("fc1", "act")))
+        return tuple(n for n in skeletal_names(self.model) if not (self.model.mtp_moe and n in ("fc1", "act")))
 
     def storage_for_forward(self, i: int):
         return self.storages[i - self.first]

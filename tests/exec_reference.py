@@ -79,8 +79,22 @@ class RefLayer(nn.Module):
         self.m = m
         kw = {"device": device, "dtype": dtype}
         self.ln1 = make_norm(m, device, dtype)
-        self.qkv = nn.Linear(h, m.q_dim + 2 * kv, bias=m.bias in ("all", "qkv"), **kw)
-        self.out = nn.Linear(m.q_dim, h, bias=m.bias == "all", **kw)
+        self.qkv = self.q_proj = self.q_down = self.q_lnorm = self.q_up = None
+        self.kv_down = self.kv_lnorm = self.kv_up = None
+        if m.mla:  # latent attention as transformers' DeepseekV3Attention computes it, without the rotary embedding
+            r, lr, heads = m.q_lora_rank, m.kv_lora_rank, m.heads
+            if r:
+                self.q_down = nn.Linear(h, r, bias=False, **kw)
+                self.q_lnorm = RMSNorm(r, LN_EPS, device, dtype)
+                self.q_up = nn.Linear(r, m.q_dim, bias=False, **kw)
+            else:
+                self.q_proj = nn.Linear(h, m.q_dim, bias=False, **kw)
+            self.kv_down = nn.Linear(h, lr + m.qk_rope_dim, bias=False, **kw)
+            self.kv_lnorm = RMSNorm(lr, LN_EPS, device, dtype)
+            self.kv_up = nn.Linear(lr, heads * (m.head_dim + m.value_head_dim), bias=False, **kw)
+        else:
+            self.qkv = nn.Linear(h, m.q_dim + 2 * kv, bias=m.bias in ("all", "qkv"), **kw)
+        self.out = nn.Linear(m.attn_dim, h, bias=m.bias == "all", **kw)
         # QK norms (Qwen3): an RMSNorm over each query / key head, as transformers' Qwen3Attention applies them
         self.q_norm = RMSNorm(m.qk_head_dim, LN_EPS, device, dtype) if m.qk_norm else None
         self.k_norm = RMSNorm(m.qk_head_dim, LN_EPS, device, dtype) if m.qk_norm else None
@@ -89,11 +103,25 @@ class RefLayer(nn.Module):
         self.fc1 = nn.Linear(h, m.fc1_width, bias=ffn_bias, **kw)
         self.fc2 = nn.Linear(m.ffn, h, bias=ffn_bias, **kw)
 
+    def _mla(self, ln1: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        b, s, _ = ln1.shape
+        H, nope, tail, dv, lr = m.heads, m.head_dim, m.qk_rope_dim, m.value_head_dim, m.kv_lora_rank
+        q = self.q_proj(ln1) if self.q_proj is not None else self.q_up(self.q_lnorm(self.q_down(ln1)))
+        lat, kpe = self.kv_down(ln1).split([lr, tail], dim=-1)
+        k_nope, v = self.kv_up(self.kv_lnorm(lat)).view(b, s, H, nope + dv).split([nope, dv], dim=-1)
+        k = torch.cat([k_nope, kpe.unsqueeze(2).expand(b, s, H, tail)], dim=-1)
+        a = F.scaled_dot_product_attention(q.view(b, s, H, nope + tail).transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
+        return a.transpose(1, 2).reshape(b, s, m.attn_dim)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = self.m
         b, s, h = x.shape
         d, H, Hk = m.qk_head_dim, m.heads, m.n_kv_heads
-        ln1 = self.ln1(x)  # the fused projection: each of q, k and v its own scale (as the executor's slices)
+        ln1 = self.ln1(x)
+        if m.mla:
+            return self._ffn(x + linear(m, self._mla(ln1), self.out))  # the fused projection: each of q, k and v its own scale (as the executor's slices)
         q, k, v = (linear(m, ln1, self.qkv, slice(a, a + n)) for a, n in ((0, m.q_dim), (m.q_dim, m.kv_dim),
                                                                          (m.q_dim + m.kv_dim, m.kv_dim)))
         q, k = q.view(b, s, H, d), k.view(b, s, Hk, d)
@@ -103,7 +131,10 @@ class RefLayer(nn.Module):
         k = k.transpose(1, 2)
         v = v.view(b, s, Hk, d).transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hk != H)
-        h1 = x + linear(m, a.transpose(1, 2).reshape(b, s, m.q_dim), self.out)
+        return self._ffn(x + linear(m, a.transpose(1, 2).reshape(b, s, m.q_dim), self.out))
+
+    def _ffn(self, h1: torch.Tensor) -> torch.Tensor:
+        m = self.m
         f1 = linear(m, self.ln2(h1), self.fc1)
         if m.ffn_type == "swiglu":
             gate, up = f1.split([m.ffn, m.ffn], dim=-1)
@@ -145,8 +176,9 @@ class RefGPT(nn.Module):
 
     @staticmethod
     def mapping(ref: RefLayer, lw) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        pairs = [(ref.ln1.weight, lw.ln1_w), (ref.ln1.bias, lw.ln1_b), (ref.qkv.weight, lw.wqkv),
-                 (ref.qkv.bias, lw.bqkv), (ref.out.weight, lw.wo), (ref.out.bias, lw.bo),
+        pairs = [(ref.ln1.weight, lw.ln1_w), (ref.ln1.bias, lw.ln1_b), (_weight(ref.qkv), lw.wqkv),
+                 (_bias(ref.qkv), lw.bqkv), (ref.out.weight, lw.wo), (ref.out.bias, lw.bo),
+                 *((_weight(getattr(ref, a)), getattr(lw, b)) for a, b in MLA_PAIRS),
                  (ref.ln2.weight, lw.ln2_w), (ref.ln2.bias, lw.ln2_b), (ref.fc1.weight, lw.w1),
                  (ref.fc2.weight, lw.w2), (ref.fc1.bias, lw.b1), (ref.fc2.bias, lw.b2),
                  (_weight(ref.q_norm), lw.lnq_w), (_weight(ref.k_norm), lw.lnk_w)]
@@ -157,16 +189,16 @@ class RefGPT(nn.Module):
     def grads_by_exec_name(self) -> dict[str, torch.Tensor]:
         """Reference gradients keyed like ``GPT.named_parameters()``."""
         names = ["ln1_w", "ln1_b", "wqkv", "bqkv", "wo", "bo", "ln2_w", "ln2_b", "w1", "w2", "b1", "b2", "lnq_w",
-                 "lnk_w"]
+                 "lnk_w", *(b for _a, b in MLA_PAIRS)]
         out = {"wte": _padded_rows(self.wte.grad), "lnf_w": self.lnf.weight.grad}
         if self.lm_head is not None:
             out["lm_head"] = _padded_rows(self.lm_head.grad)
         if self.lnf.bias is not None:
             out["lnf_b"] = self.lnf.bias.grad
         for i, ref in enumerate(self.layers):
-            tens = [ref.ln1.weight, ref.ln1.bias, ref.qkv.weight, ref.qkv.bias, ref.out.weight, ref.out.bias,
+            tens = [ref.ln1.weight, ref.ln1.bias, _weight(ref.qkv), _bias(ref.qkv), ref.out.weight, ref.out.bias,
                     ref.ln2.weight, ref.ln2.bias, ref.fc1.weight, ref.fc2.weight, ref.fc1.bias, ref.fc2.bias,
-                    _weight(ref.q_norm), _weight(ref.k_norm)]
+                    _weight(ref.q_norm), _weight(ref.k_norm), *(_weight(getattr(ref, a)) for a, _b in MLA_PAIRS)]
             for n, t in zip(names, tens):
                 if t is not None:
                     out[f"layers.{i}.{n}"] = t.grad
@@ -175,6 +207,15 @@ class RefGPT(nn.Module):
 
 def _weight(norm: nn.Module | None) -> torch.Tensor | None:
     return None if norm is None else norm.weight
+
+
+def _bias(lin: nn.Module | None) -> torch.Tensor | None:
+    return None if lin is None else lin.bias
+
+
+# latent attention's modules and the executor's parameters (`memo_exec.layer.LayerWeights`)
+MLA_PAIRS = (("q_proj", "wq"), ("q_down", "wq_down"), ("q_lnorm", "ln_qlat_w"), ("q_up", "wq_up"),
+             ("kv_down", "wkv_down"), ("kv_lnorm", "ln_kvlat_w"), ("kv_up", "wkv_up"))
 
 
 def _padded_rows(g: torch.Tensor) -> torch.Tensor:

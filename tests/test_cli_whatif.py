@@ -574,16 +574,22 @@ def test_an_answer_memo_exec_refuses_says_so():
     # and for GPT-OSS-20B, 2026-12-02) in a third of the time; what is refused is the answer's model
     base = ["whatif", "--gpus", "8", "--seq", "8K", "--no-plan", "--jobs", "1", "--simulate-top", "1",
             "--profile", "h100-sxm5-80gb", "--pp", "1"]
-    mla, mla_json = text_and_json(base + ["--model", "deepseek-v2-lite"])  # one search, its text and --json
+    # (memo-exec runs latent attention on one TP rank since 2026-12-03: a TP 2 plan is what it refuses)
+    mla, mla_json = text_and_json(base + ["--model", "deepseek-v2-lite", "--tp", "2"])  # one search, text and --json
     assert mla.exit_code == 0, mla.output
-    assert "memo-exec refuses this plan (plan model deepseek-v2-lite: kv_lora_rank = 512" in mla.output
+    assert "memo-exec refuses this plan (plan model deepseek-v2-lite: kv_lora_rank = 512 (latent attention) with tp 2" \
+        in mla.output
     # under a framework too, pointing at its exporter (a review: a framework's plan said nothing of it)
-    meg = CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite", "--framework", "megatron"])
+    meg = CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite", "--framework", "megatron", "--tp", "2"])
     assert meg.exit_code == 0, meg.output
-    assert "memo-exec refuses this plan (plan model deepseek-v2-lite: kv_lora_rank = 512" in meg.output
+    assert "memo-exec refuses this plan (plan model deepseek-v2-lite: kv_lora_rank = 512 (latent attention) with tp 2" \
+        in meg.output
     assert "`memo-sim export --to megatron` of its plan file writes it for megatron (the version" in meg.output
     d = json.loads(mla_json.output)
-    assert "multi-head latent attention" in d["executor_refuses"]
+    assert "latent attention" in d["executor_refuses"] and "plan with tp, cp and ulysses 1" in d["executor_refuses"]
+    # the one-rank plan memo-exec runs: no such line
+    assert json.loads(CliRunner().invoke(cli, base + ["--model", "deepseek-v2-lite", "--layers", "2", "--tp", "1",
+                                                      "--json"]).output)["executor_refuses"] is None
     oss = json.loads(CliRunner().invoke(cli, base + ["--model", "gpt-oss-20b", "--json"]).output)
     assert oss["executor_refuses"] is None
     dense = json.loads(CliRunner().invoke(cli, base + ["--model", "llama-3.1-8b", "--layers", "2", "--json"]).output)

@@ -46,6 +46,13 @@ ARCHS = {
     # the remaining combinations the fields allow: a GELU FFN without biases, LayerNorm untied
     "gelu-rms-nobias": ModelConfig("gelu-rms", **SHAPES, norm="rmsnorm", bias="none"),
     "layernorm-qkv-untied": ModelConfig("ln-qkv", **SHAPES, kv_heads=1, bias="qkv", tied_embeddings=False),
+    # DeepSeek-V3's latent attention (no rotary embedding, as memo-exec runs none): queries through a latent of 20,
+    # keys and values through one of 24 beside an 8-wide shared key, heads of 16 + 8 (query / key) and 12 (value)
+    "mla": ModelConfig("mla-like", **SHAPES, head_dim=16, kv_lora_rank=24, q_lora_rank=20, qk_rope_dim=8,
+                       v_head_dim=12, ffn_type="swiglu", norm="rmsnorm", bias="none", tied_embeddings=False),
+    # DeepSeek-V2-Lite's: the queries projected directly (no q_lora_rank)
+    "mla-direct-q": ModelConfig("mla-q", **SHAPES, head_dim=16, kv_lora_rank=24, qk_rope_dim=8, v_head_dim=16,
+                                ffn_type="swiglu", norm="rmsnorm", bias="none"),
 }
 POLICIES = {"store_all": get_policy("store_all"), "full_recompute": get_policy("full_recompute"),
             "memo0.5": get_policy("memo", 0.5)}
@@ -96,7 +103,7 @@ def test_gradients_match_autograd(arch, policy):
 
 
 @pytest.mark.parametrize("policy", ["store_all", "memo0.5"])
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "mla"])
 def test_bf16_within_autograd_noise(arch, policy):
     """bf16 with fp32 main gradients: the RMSNorm statistics and backward are as good as bf16 autograd."""
     _, grads, ex = executor_grads(make_plan(ARCHS[arch], 96, POLICIES[policy], batch=2, chunk=70), dtype="bf16")

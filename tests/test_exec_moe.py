@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import re
+
 import pytest
 import torch
 
@@ -254,10 +256,16 @@ VARIANTS = [MOE, dataclasses.replace(MOE, name="moe-sigmoid-gelu", router="sigmo
             # (Maverick's)
             dataclasses.replace(MOE, name="moe-llama4", router="sigmoid_topk", top_k=1, shared_gate=False,
                                 attention_chunk=16, chunked_layers=3, chunked_period=4, dense_layers=2,
-                                dense_period=2)]
+                                dense_period=2),
+            # DeepSeek-V3's layer: latent attention (queries through a latent of 20, keys and values through one of
+            # 24 beside an 8-wide shared key; heads of 16 + 8 and values of 12) with its grouped sigmoid routing
+            dataclasses.replace(MOE, name="moe-mla", router="sigmoid", experts=8, top_k=4, router_groups=4,
+                                router_group_topk=2, router_scaling=2.5, bias="none", kv_lora_rank=24, q_lora_rank=20,
+                                head_dim=16, qk_rope_dim=8, v_head_dim=12)]
 ETP_MODEL = 4  # the variant the etp cases run (SwiGLU, shared experts with their gate)
 OSS_MODEL = 5
 GROUPED_MODEL = 6
+MLA_MODEL = len(VARIANTS) - 1
 LLAMA4_MODEL = 7
 
 
@@ -440,7 +448,10 @@ TWO = [dict(lay=dict(dp=2, ep=2), pol="store_all", steps=10),
        dict(lay=dict(ulysses=2, ep=2), pol="store_all", steps=3),
        dict(lay=dict(ulysses=2, ep=2), pol="memo"),
        dict(lay=dict(ulysses=2, ep=2), pol="full_recompute"),
-       dict(lay=dict(ulysses=2, ep=2, moe_dispatcher="allgather"), pol="recompute_norm_act")]
+       dict(lay=dict(ulysses=2, ep=2, moe_dispatcher="allgather"), pol="recompute_norm_act"),
+       # latent attention beside expert parallelism (DeepSeek-V3's layer): MEMO's rows of the latents rebuilt, ZeRO 3
+       dict(lay=dict(dp=2, ep=2), pol="memo", variant=MLA_MODEL),
+       dict(lay=dict(dp=2, ep=2, zero=3), pol="store_all", variant=MLA_MODEL, steps=3)]
 
 
 @pytest.mark.slow  # 39 s of the default selection (CI, 2026-11-29): the slow one runs beside it with time to spare
@@ -517,6 +528,8 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         # each CP pair, the experts' gradients over the DP pair
         dict(lay=dict(tp=2, sp=True, ulysses=2, ep=4), pol="memo"),
         dict(lay=dict(cp=2, dp=2, ep=2, zero=1), pol="store_all", steps=3),
+        # DeepSeek-V3's layer on two stages (its dense first layer on stage 0), full recompute of the latents
+        dict(lay=dict(pp=2, dp=2, ep=2), pol="full_recompute", batch=4, schedule="1f1b", micro=1, variant=MLA_MODEL),
         # etp2 x ep2: ETP pairs {0, 1} and {2, 3}, EP pairs {0, 2} and {1, 3} (etp apart); etp2 with ep 1: the slices'
         # gradients all-reduced over the expert-DP pairs {0, 2} and {1, 3}; etp2 on a pipeline's stages
         dict(lay=dict(tp=2, sp=True, dp=2, ep=2, etp=2), pol="memo", variant=ETP_MODEL),
@@ -558,7 +571,7 @@ FOUR = [dict(lay=dict(tp=2, sp=True, dp=2, ep=2), pol="store_all", steps=10),
         dict(lay=dict(dp=4, ep=2, zero=2), pol="store_all", batch=2, micro=1, variant=3, steps=3)]
 # the ETP, ZeRO, FSDP and GPT-OSS cases in the slow selection, which CI runs beside the default one (the two take
 # about as long: .ci/run)
-FOUR, FOUR_MORE = FOUR[:12], FOUR[12:]
+FOUR, FOUR_MORE = FOUR[:13], FOUR[13:]
 
 
 def _four_ranks(cases):
@@ -580,7 +593,8 @@ def test_four_ranks_etp_zero_fsdp_and_gpt_oss_match_single_process():
 
 # ------------------------------------------------------------------------------- refusals
 REFUSED = [
-    ("kv_lora_rank = 32", dict(), dataclasses.replace(MOE, kv_lora_rank=32, q_lora_rank=32, head_dim=16, qk_rope_dim=8,
+    # latent attention runs on one TP rank's heads (tests/test_exec_architectures.py), not over a TP group
+    ("kv_lora_rank = 32 (latent attention) with tp 2", dict(tp=2, sp=True), dataclasses.replace(MOE, kv_lora_rank=32, q_lora_rank=32, head_dim=16, qk_rope_dim=8,
                                                     v_head_dim=16)),
     # sinks and windows run on a rank holding its heads' whole sequence (tests/test_exec_attention_sinks.py); which
     # layers slide must be said
@@ -596,7 +610,7 @@ def test_plans_the_executor_cannot_run_are_refused_naming_the_field(field, lay, 
     from memo_exec.runner import run_model
 
     plan = plan_for(lay, "store_all", model=model)
-    with pytest.raises(ExecError, match=field.replace("(", r"\(").replace(".", r"\.")) as e:
+    with pytest.raises(ExecError, match=re.escape(field)) as e:
         run_model(plan, RunOptions(device="cpu"))
     assert "\n" not in str(e.value)
 

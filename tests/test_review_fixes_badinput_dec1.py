@@ -103,8 +103,9 @@ def test_trace_write_plan_on_a_named_pipe_is_refused_before_the_trace(toy, tmp_p
 
 # ------------------------------------------------------------------------------ 2. trace refuses what run refuses
 def test_trace_refuses_a_latent_attention_plan_as_run_does(tmp_path):
-    r = CliRunner().invoke(sim_cli, ["whatif", "--model", "deepseek-v2-lite", "--layers", "2", "--gpus", "1", "--seq",
-                                     "2K", "--profile", "h200-141gb", "--out", str(tmp_path / "g")])
+    # (latent attention on one rank runs since 2026-12-03: its TP 2 plan is what run refuses)
+    r = CliRunner().invoke(sim_cli, ["whatif", "--model", "deepseek-v2-lite", "--layers", "2", "--gpus", "2", "--tp",
+                                     "2", "--seq", "2K", "--profile", "h200-141gb", "--out", str(tmp_path / "g")])
     assert r.exit_code == 0, r.output
     plan = tmp_path / "g" / "plan.json"
     run = _one_line(CliRunner().invoke(exec_cli, ["run", str(plan), "--device", "cpu", "--out", str(tmp_path / "r")]))

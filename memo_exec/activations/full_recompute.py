@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from memo_exec.activations.base import RECOMPUTE_BUFFER_DIFFERS, ActivationPolicy
 from memo_exec.activations.registry import register
-from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, storage_bytes
+from memo_exec.layer import LayerStorage, carve_storage, skeletal_names, storage_bytes
 
 
 @register("full_recompute")
 class FullRecompute(ActivationPolicy):
-    _work_names = tuple(n for n in SKELETAL if n != "x")
     shares_buffers = True
     allocator_differs = RECOMPUTE_BUFFER_DIFFERS
 
@@ -28,8 +27,9 @@ class FullRecompute(ActivationPolicy):
         """The work buffer's tensors: every skeletal tensor but x that some layer of this instance writes, fc1 and
         act only where one may be a dense layer (a MoE layer's block keeps its own: `ActivationPolicy.layer_names`;
         a review: a MoE model's buffer held a dense FFN's fc1 and act that no layer wrote)."""
-        written = {n for i in range(self.layers) for n in self.layer_names(self._work_names, i)}
-        return tuple(n for n in self._work_names if n in written)
+        every = tuple(n for n in skeletal_names(self.model) if n != "x")
+        written = {n for i in range(self.layers) for n in self.layer_names(every, i)}
+        return tuple(n for n in every if n in written)
 
     def device_bytes(self) -> dict[str, int]:
         x = storage_bytes(self.model, self.tokens, self.dtype, ("x",), shapes=self.shapes)

@@ -49,7 +49,7 @@ from memo_exec.activations.base import ActivationPolicy
 from memo_exec.activations.host_pool import HostPool
 from memo_exec.activations.pipeline_rounding import PipelineRounding
 from memo_exec.happens_before import Region
-from memo_exec.layer import SKELETAL, LayerStorage, carve_storage, skeletal_roles, storage_bytes
+from memo_exec.layer import LayerStorage, carve_storage, skeletal_names, skeletal_roles, storage_bytes
 from memo_exec.streams import CopyLabel
 from memo_exec.wait_switch import wait_primitive
 from memo_sim.policy.host_layout import offload_token_count
@@ -77,8 +77,9 @@ class TokenOffload(ActivationPolicy):
         # dense one (`ActivationPolicy.layer_names`: a MoE layer's block replaces them). A review: a MoE model's
         # rounding buffers and host slots carried the dense FFN's, copied both ways every step and never written
         # (51-62% of a block for Qwen3-30B-A3B and Mixtral)
-        written = {n for i in range(self.layers) for n in self.layer_names(SKELETAL, i)}
-        self.names = tuple(n for n in SKELETAL if n in written)
+        every = skeletal_names(self.model)
+        written = {n for i in range(self.layers) for n in self.layer_names(every, i)}
+        self.names = tuple(n for n in every if n in written)
         # what goes to host whole (the simulator policy's ``offloaded_roles``: MEMO's x and attn) and what by rows
         self.whole = [n for n in self.names if roles[n] in self.choice.offloaded_roles]
         self.split = [n for n in self.names if roles[n] == "other"]

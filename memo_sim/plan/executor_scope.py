@@ -124,14 +124,36 @@ def ffn_why_not(model: ModelConfig) -> str | None:
     return None
 
 
+def mla_why_not(model: ModelConfig, layout: Layout | None, schedule: str = "") -> str | None:
+    """Where the executor's latent attention does not run: its down projections on one TP rank's whole sequence (no
+    TP, ring CP or Ulysses split: their kernels take one head width for q, k and v), in the model's dtype, without
+    QKV biases, outside SPPO's pieces."""
+    head = f"plan model {model.name}: kv_lora_rank = {model.kv_lora_rank} (latent attention)"
+    if model.bias in ("all", "qkv"):
+        return f"{head} with bias {model.bias!r}: the executor builds latent attention without QKV biases"
+    if model.gemm.quantised:
+        return f"{head}: the executor runs its projections in the model's dtype; plan with --precision bf16"
+    if layout is None:
+        return None
+    split = [f"{f} {getattr(layout, f)}" for f in ("tp", "cp", "ulysses") if getattr(layout, f) > 1]
+    if split:
+        return (f"{head} with {', '.join(split)}: the executor runs latent attention on a rank that holds every head "
+                f"of the whole sequence (data and expert parallelism, pipelines, ZeRO / FSDP); plan with tp, cp and "
+                f"ulysses 1")
+    if schedule == "sppo":
+        return f"{head} under schedule sppo: SPPO's pieces run standard attention; plan another schedule"
+    return None
+
+
 def attention_why_not(model: ModelConfig, layout: Layout | None = None, schedule: str = "") -> str | None:
     """Why the executor cannot build the model's attention (latent attention; sinks, sliding windows and chunks
     where the sequence or the heads are split otherwise than by Megatron TP, or under SPPO; sliding or chunked
     layers the model does not place), or None."""
     m = model
-    if m.kv_lora_rank:
-        return (f"plan model {m.name}: kv_lora_rank = {m.kv_lora_rank!r}: the executor does not build multi-head "
-                f"latent attention yet (the simulator prices it); plan a model without it to run")
+    if m.kv_lora_rank:  # latent attention: memo-exec's layer (`memo_exec.layer.LayerCompute._mla_forward`), one rank
+        why = mla_why_not(m, layout, schedule)
+        if why:
+            return why
     if m.sliding_layers and m.window_at(0) is None:
         return (f"plan model {m.name}: sliding_layers = {m.sliding_layers} of {m.layers} without sliding_period: the "
                 f"executor must know which layers slide; give sliding_period (GPT-OSS: 2)")
