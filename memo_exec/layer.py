@@ -771,9 +771,7 @@ class LayerCompute(HeadNorms):
         with sp("qkv", layer, ph):
             if p.wqkv is None:  # latent attention: d ln1 from both down projections
                 d_ln1 = self._mla_backward(p, S, d_q, d_k, d_v, X)
-                for n in ("d_q", "d_k", "d_v"):
-                    X.free(n)
-                del d_q, d_k, d_v
+                del d_q, d_k, d_v  # freed in the scratch there
             else:
                 d_ln1 = self._qkv_backward(p, S, d_q, d_k, d_v, X)
                 del d_q, d_k, d_v  # freed in the scratch there: no reference left here either
@@ -852,37 +850,51 @@ class LayerCompute(HeadNorms):
         X.free("kv_up")
 
     def _mla_backward(self, p: LayerWeights, S: LayerStorage, d_q, d_k, d_v, X) -> torch.Tensor:
-        """`_mla_forward`'s backward: every latent projection's and norm's weight gradient accumulated, d ln1 returned
-        in scratch ``d_ln1`` (the shared rope key's gradient the sum over the heads)."""
+        """`_mla_forward`'s backward: every latent projection's and norm's weight gradient accumulated, d_q / d_k / d_v
+        freed, d ln1 returned in scratch ``d_ln1`` (the shared rope key's gradient the sum over the heads). The
+        scratch the simulator's level-1 trace names (d_kv_latn, d_kv_lat, d_q_latn, d_q_lat, d_ln1) is taken and
+        freed in its order, so a static memory plan places them (its d_ln1 comes after the latents' gradients:
+        the key path's share of it waits in ``d_ln1_kv``, which the plan does not place)."""
         m, T, dt, one = self.model, self.T, self.dtype, self.ones
         nope, tail, dv, lr, H = m.head_dim, m.qk_rope_dim, m.value_head_dim, m.kv_lora_rank, m.heads
-        d_ln1 = X.get("d_ln1", (T, self.h), dt)
         d_kvu = X.get("d_kv_up", (T, H * (nope + dv)), dt)
         dk3, du3 = d_k.view(T, H, nope + tail), d_kvu.view(T, H, nope + dv)
         du3[..., :nope].copy_(dk3[..., :nope])
         du3[..., nope:].copy_(d_v.view(T, H, dv))
-        d_kv_lat = X.get("d_kv_lat", (T, lr + tail), dt)
-        d_kv_lat[:, lr:].copy_(dk3[..., nope:].sum(1))
+        d_kpe = dk3[..., nope:].sum(1)
+        X.free("d_k")
+        X.free("d_v")
         d_kv_latn = self._linear_backward(d_kvu, S.kv_latn, p.wkv_up, None, one, X.get("d_kv_latn", (T, lr), dt))
         X.free("d_kv_up")
+        d_kv_lat = X.get("d_kv_lat", (T, lr + tail), dt)
+        d_kv_lat[:, lr:].copy_(d_kpe)
+        del d_kpe
         rstd = self._latent_rstd(S.kv_lat[:, :lr], X, "latent_rstd")
         d_kv_lat[:, :lr].copy_(rms_norm_backward(d_kv_latn, S.kv_lat[:, :lr], rstd, p.ln_kvlat_w, p.ln_kvlat_w.grad))
         X.free("latent_rstd")
         X.free("d_kv_latn")
-        self._linear_backward(d_kv_lat, S.ln1, p.wkv_down, None, one, d_ln1)
+        d_ln1_kv = self._linear_backward(d_kv_lat, S.ln1, p.wkv_down, None, one, X.get("d_ln1_kv", (T, self.h), dt))
         X.free("d_kv_lat")
         if p.wq is not None:
             self.gemm.wgrad(d_q, S.ln1, p.wq.grad)
-            self.gemm.dgrad(d_q, p.wq, d_ln1, accumulate=True)
-            return d_ln1
-        r = m.q_lora_rank
-        d_q_latn = self._linear_backward(d_q, S.q_latn, p.wq_up, None, one, X.get("d_q_latn", (T, r), dt))
-        rstd = self._latent_rstd(S.q_lat, X, "latent_rstd")
-        d_q_lat = rms_norm_backward(d_q_latn, S.q_lat, rstd, p.ln_qlat_w, p.ln_qlat_w.grad).to(dt)
-        X.free("latent_rstd")
-        X.free("d_q_latn")
-        self.gemm.wgrad(d_q_lat, S.ln1, p.wq_down.grad)
-        self.gemm.dgrad(d_q_lat, p.wq_down, d_ln1, accumulate=True)
+            d_ln1 = X.get("d_ln1", (T, self.h), dt)
+            self.gemm.dgrad(d_q, p.wq, d_ln1)
+            X.free("d_q")
+        else:
+            r = m.q_lora_rank
+            d_q_latn = self._linear_backward(d_q, S.q_latn, p.wq_up, None, one, X.get("d_q_latn", (T, r), dt))
+            X.free("d_q")
+            rstd = self._latent_rstd(S.q_lat, X, "latent_rstd")
+            d_q_lat = X.get("d_q_lat", (T, r), dt)
+            d_q_lat.copy_(rms_norm_backward(d_q_latn, S.q_lat, rstd, p.ln_qlat_w, p.ln_qlat_w.grad))
+            X.free("latent_rstd")
+            X.free("d_q_latn")
+            self.gemm.wgrad(d_q_lat, S.ln1, p.wq_down.grad)
+            d_ln1 = X.get("d_ln1", (T, self.h), dt)
+            self.gemm.dgrad(d_q_lat, p.wq_down, d_ln1)
+            X.free("d_q_lat")
+        d_ln1.add_(d_ln1_kv)
+        X.free("d_ln1_kv")
         return d_ln1
 
 

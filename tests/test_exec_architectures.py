@@ -130,6 +130,27 @@ def test_hf_qwen_plan_runs_one_step(tmp_path):
     assert measured["meta"]["params"] == ModelConfig.from_dict(m).params()
 
 
+@pytest.mark.parametrize("q_latent", [True, False], ids=["q-latent", "q-direct"])
+def test_a_latent_attention_memo_plan_runs_with_its_memory_plan(tmp_path, q_latent):
+    """The what-if's MEMO plan of a latent-attention model carries a static memory plan whose backward places the
+    latents' gradients (d_kv_latn, d_kv_lat, d_q_latn, d_q_lat, d_ln1) in the simulator's order; memo-exec takes and
+    frees them in that order, so it runs the plan with it (it refused 'd_q_lat is not a tensor this executor's layer
+    allocates', then 'd_ln1 overlaps d_q', on the day latent attention landed)."""
+    model = {"name": "mla-plan", "layers": 3, "hidden": 128, "heads": 4, "ffn": 256, "vocab": 256, "dtype": "fp32",
+             "head_dim": 16, "kv_lora_rank": 32, "qk_rope_dim": 8, "v_head_dim": 16, "ffn_type": "swiglu",
+             "norm": "rmsnorm", "bias": "none", **({"q_lora_rank": 48} if q_latent else {})}
+    (tmp_path / "m.json").write_text(json.dumps(model))
+    r = CliRunner().invoke(sim_cli, ["whatif", "--model", str(tmp_path / "m.json"), "--seq", "1K", "--gpus", "1",
+                                     "--policy", "memo", "--jobs", "1", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert {"d_kv_lat", "d_ln1"} <= set(plan["memory_plan"]["phases"]["bwd"]["offsets"])
+    r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "plan.json"), "--device", "cpu", "--steps", "1",
+                                      "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    assert "- memory plan: arena" in (tmp_path / "run" / "report.md").read_text()
+
+
 # ---------------------------------------------------------------------------- distributed (gloo)
 DIST_MODELS = {k: dataclasses.replace(ARCHS[k], dtype="fp32", name=f"{k}-dist") for k in ("qwen2", "llama")}
 DIST_CASES = [  # (model, layout, schedule, policy, batch): against the single-process fp64 run
