@@ -414,7 +414,7 @@ def _run_single(plan, plan_file, opts, out_dir, as_json, progress) -> None:
     _say(f"{res.meta['model']} {res.meta['policy']} on {res.meta['device']}: "
          f"{st['iteration_s']:.4f} s/iteration, {res.meta['tokens'] / st['iteration_s']:,.0f} tokens/s, "
          f"loss {res.summaries[-1]['loss']:.4f}\n"
-         f"wrote {paths['report']}, {paths['measured']}, {paths['trace']}\n"
+         f"wrote {', '.join(str(v) for v in [paths['report']] + [v for k, v in paths.items() if k != 'report'])}\n"
          + (f"{res.meta['allocator_settings_note']}\n" if res.meta.get("allocator_settings_note") else ""))
     if note:
         click.echo(note, err=True)

@@ -237,9 +237,10 @@ def read_json(path: str | os.PathLike, error: type[MemoError] = MemoError, what:
     try:
         return json.loads(read_utf8(path, error))
     except FileNotFoundError:
-        raise error(f"{path}: no such {what}") from None
+        raise error(f"{path}: no such {what}; check the path") from None
     except json.JSONDecodeError as e:
-        raise error(f"{path}: not valid JSON ({e.msg}: line {e.lineno}, column {e.colno})") from None
+        raise error(f"{path}: not valid JSON ({e.msg}: line {e.lineno}, column {e.colno}); fix the file there, or "
+                    f"write it again with the command that made it") from None
     except RecursionError:
         raise error(f"{path}: nested too deeply to be a {what}; check the file") from None
 

@@ -291,6 +291,10 @@ def _summary_lines(plan, res=None) -> list[str]:
     now = result_peak(res) if res is not None and res.ok else None
     if peak is not None and now is not None and peak.bytes > 0 and abs(now.bytes / peak.bytes - 1) > STALE_TOLERANCE:
         out.append(f"  stored predicted peak GPU {peak.text()}, stale: re-simulated now {now.text()}")
+    elif peak is not None and res is not None and not res.ok:
+        # the re-simulation failed (OOM): the stored peak is the plan file's, not this run's (a review found it
+        # printed as the prediction under the line saying the re-simulation ran out of memory)
+        out.append(f"  stored predicted peak GPU {peak.text()}, stale: the re-simulation now ends {res.status}")
     elif peak is not None:
         out.append(f"  predicted peak GPU {peak.text()}")
     if plan.memory_plan is not None:

@@ -93,6 +93,13 @@ def _simulate_top_value(ctx, param, value):
                    "searched where nothing fits with the optimizer on the GPU (on the estimate, or in the event "
                    "simulator).")
 @moe_layout_options
+@click.option("--ep-overlap/--no-ep-overlap", default=False,
+              help="Overlap the MoE layers' expert-parallel all-to-alls with the other micro-batch's compute "
+                   "(Megatron-Core's --overlap-moe-expert-parallel-comm with --delay-wgrad-compute: each steady-state "
+                   "forward merged with a backward, one warm-up forward more) on every candidate that can run it: "
+                   "ep >= 2, the alltoall or deepep dispatcher, the interleaved schedule (pp >= 2, vpp >= 2), ZeRO 0 "
+                   "or 1, a policy Megatron runs beside it (store_all, selective_recompute, recompute_norm_act); the "
+                   "others run without it. Needs --framework megatron.")
 @click.option("--allocator", default="caching", show_default=True, type=click.Choice(["caching", "plan", "both"]),
               help="Who places the transient tensors of the policies without MEMO's own plan: PyTorch's caching "
                    "allocator (with its fragmentation and retries, as the frameworks run), a static memory plan, or "

@@ -26,15 +26,16 @@ reduce-scatters over ETP (routed copies) or ETP x EP (each token once: the all-g
 dispatcher) are rings on their group's link (`memo_sim.cost.collectives`); DeepEP's deduplicated
 all-to-all sends each token over the inter-node link once per destination node and over NVLink once per
 destination rank (`ep_alltoall_dedup_time`). The collectives run on their own stream (``ep_comm``), on the layer's
-critical path (each waits for the op before it and the next op waits for it). Backward runs each
+critical path (each waits for the op before it and the next op waits for it; beside the other micro-batch's compute
+under Megatron-Core's EP overlap, `memo_sim.engine.schedules.ep_overlap`). Backward runs each
 collective's transpose over the same bytes. Expert ranks order ETP innermost, then EP
 (Megatron-Core's folding, `memo_sim.layout.parallel`), so an EP group's ranks are etp apart.
 Group-limited routing (``router_groups`` / ``router_group_topk``: DeepSeek-V3 takes a token's 8 experts from
 its best 4 of 8 groups) bounds the nodes a token reaches where the groups fall on whole nodes (each node
 holding whole groups) and the ranks it reaches where they fall on whole ranks: the deduplicated all-to-all sends
 it to fewer of them (`nodes_hit`); a plain all-to-all moves every routed copy either way. Not modelled: DeepEP's
-fewer SMs, overlap of the all-to-all with compute (Megatron-Core's ``--overlap-moe-expert-parallel-comm``,
-DeepEP), FP8 dispatch, token dropping's savings below capacity, the routing map and probabilities the all-gather
+fewer SMs (and the SMs any collective takes from compute running beside it), DeepEP's own overlap hooks, FP8
+dispatch, token dropping's savings below capacity, the routing map and probabilities the all-gather
 dispatcher gathers beside the tokens (k fp32 values per token).
 
 Buffers. A rank receives the dispatch's tokens, and the combine sends the expert outputs from, a buffer the

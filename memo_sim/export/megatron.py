@@ -319,6 +319,8 @@ def moe_arguments(plan: Plan, lay) -> list[tuple[str, str | None]]:
              ("--moe-token-dispatcher-type", lay.dispatcher.megatron), ("--moe-grouped-gemm", None)]
     if lay.dispatcher.megatron_backend:
         args.append(("--moe-flex-dispatcher-backend", lay.dispatcher.megatron_backend))
+    if lay.ep_overlap:  # the merged forward-backward steps, the weight gradients after the dispatch's backward
+        args += [("--overlap-moe-expert-parallel-comm", None), ("--delay-wgrad-compute", None)]
     bal = lay.balance
     if bal.kind == "capacity":
         args += [("--moe-expert-capacity-factor", f"{bal.capacity:g}"), ("--moe-pad-expert-input-to-capacity", None)]
@@ -495,6 +497,9 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
              "set -euo pipefail",
              # Megatron-FSDP asserts the variable is unset or above 1 (validate_args at SOURCE); TP's overlap wants 1
              "unset CUDA_DEVICE_MAX_CONNECTIONS" if ("--use-megatron-fsdp", None) in args
+             # the EP overlap's two streams (validate_args at SOURCE warns that it wants more than TP's 1 and names
+             # 32; the Model Zoo's A2A_OVERLAP runs set 32)
+             else "export CUDA_DEVICE_MAX_CONNECTIONS=32" if ("--overlap-moe-expert-parallel-comm", None) in args
              else "export CUDA_DEVICE_MAX_CONNECTIONS=1",
              # validate_args at SOURCE asserts it beside --fine-grained-activation-offloading on TransformerEngine
              # >= 2.10 ("to avoid offloading weights"; a review found the script refused)

@@ -202,6 +202,8 @@ class _ExpertsIn(BaseModel):
     sequence_parallel: tuple[bool, ...] | None = Field(None, min_length=1)
     # the MoE block it builds (`MOE_BLOCKS`): a model it cannot build is refused (`Framework.for_model`)
     moe_block: Literal[tuple(MOE_BLOCKS)] = "any"
+    # Megatron-Core's EP all-to-all overlap (--overlap-moe-expert-parallel-comm, `Layout.ep_overlap`)
+    ep_overlap: bool = Field(False, strict=True)
 
 
 class ExpertsOffer(NamedTuple):
@@ -215,6 +217,7 @@ class ExpertsOffer(NamedTuple):
     zero: tuple[int, ...] | None = None  # the ZeRO stages its MoE layers run beside (None: all it offers)
     sequence_parallel: tuple[bool, ...] | None = None  # the SP settings beside TP (None: the dense layouts')
     moe_block: str = "any"  # the MoE block it builds (`MOE_BLOCKS`)
+    ep_overlap: bool = False  # the EP all-to-alls beside the other micro-batch's compute (`Layout.ep_overlap`)
 
     @property
     def zero_words(self) -> str:
@@ -478,6 +481,8 @@ class Framework:
             what = f"the {lay.moe_dispatcher} token dispatcher"
         elif self.experts is not None and lay.balance.kind not in self.experts.balances:
             what = f"expert loads {lay.moe_balance}"
+        elif lay.ep_overlap and (self.experts is None or not self.experts.ep_overlap):
+            what = "the EP all-to-all overlap (--overlap-moe-expert-parallel-comm)"
         elif self.trains_moe and self.experts is not None and self.experts.zero is not None and \
                 lay.zero not in self.experts.zero:
             what = f"ZeRO stage {lay.zero} beside MoE layers (it runs them beside stages {self.experts.zero_words})"

@@ -75,7 +75,14 @@ data-parallel ranks; the dense parts as above. ``moe_dispatcher`` names the toke
 (`memo_sim.layout.moe_dispatchers`) and ``moe_balance`` the routed tokens' balance
 (`memo_sim.layout.moe_balance`). With tp > 1 a MoE layout needs sequence parallelism (the MoE
 block reads each rank's sequence shard, as Megatron-Core's dispatchers do). Each left out of
-`Layout.to_dict` at its default (1, 1, alltoall, dropless).
+`Layout.to_dict` at its default (1, 1, alltoall, dropless). ``ep_overlap``: Megatron-Core's
+``--overlap-moe-expert-parallel-comm`` with ``--delay-wgrad-compute``: in the steady state of the micro-batch
+pipelines each forward step runs merged with the backward step after it, one micro-batch's dispatch and combine
+all-to-alls beside the other's compute (`memo_sim.engine.schedules.ep_overlap`); Megatron-Core's rules
+(transformer_config.py at d98e8a64): expert parallelism (ep > 1), the alltoall or flex dispatcher, virtual pipeline
+stages beside pipeline stages, a bf16 or fp16 model; memo prices it in the interleaved schedule only (pp >= 2, vpp
+>= 2; Megatron also runs it on one stage) with ZeRO 0 or 1 (`ep_overlap_why_not`); the policies it runs beside are
+the policy's own rule (`memo_sim.policy.base.Policy.layout_why_not`). Left out of `Layout.to_dict` when off.
 
 Caching allocator (``expandable_segments``, `memo_sim.memplan.caching_allocator`): PyTorch's
 ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` or not, for the policies that run on the
@@ -220,6 +227,7 @@ class Layout:
     etp: int = 1
     moe_dispatcher: str = "alltoall"  # a dispatcher of `memo_sim.layout.moe_dispatchers`
     moe_balance: str = "dropless"  # forced | dropless | capacity:F | measured:... (`memo_sim.layout.moe_balance`)
+    ep_overlap: bool = False  # the EP all-to-alls beside the other micro-batch's compute (module docs)
     # the data-parallel flavour (`memo_sim.dp`): zero (ZeRO stages) or fsdp (FSDP2: HSDP shard group, resharding)
     dp_mode: str = "zero"
     fsdp_shard: int = 0  # FSDP's shard group (0: the whole data group; smaller: HSDP, replicated across the rest)
@@ -410,6 +418,8 @@ class Layout:
             parts.append(f"moe-{self.moe_dispatcher}")
         if self.moe_balance != "dropless":
             parts.append(self.balance.kind if self.balance.kind == "measured" else self.moe_balance.replace(":", ""))
+        if self.ep_overlap:
+            parts.append("a2a-overlap")
         if self.rank_order != DEFAULT_RANK_ORDER and self.pp > 1 and self.dp > 1:
             parts.append(f"ranks-{self.rank_order}")
         return "-".join(parts)
@@ -468,7 +478,7 @@ class Layout:
             if not d[k]:  # stages theirs
                 del d[k]
         for k, v in (("ep", 1), ("etp", 1), ("moe_dispatcher", "alltoall"), ("moe_balance", "dropless"),
-                     ("dp_mode", "zero"), ("fsdp_shard", 0), ("reshard_after_forward", True),
+                     ("ep_overlap", False), ("dp_mode", "zero"), ("fsdp_shard", 0), ("reshard_after_forward", True),
                      ("rank_order", DEFAULT_RANK_ORDER)):
             if d[k] == v:  # and dense plans theirs
                 del d[k]
@@ -526,6 +536,7 @@ class _LayoutIn(BaseModel):
     etp: _Degree = 1
     moe_dispatcher: Literal[DISPATCHER_NAMES] = "alltoall"
     moe_balance: str = Field("dropless", strict=True)
+    ep_overlap: bool = Field(False, strict=True)
     dp_mode: Literal[DP_MODES] = "zero"
     fsdp_shard: Annotated[int, Field(strict=True, ge=0, le=MAX_DEGREE)] = 0
     reshard_after_forward: bool = Field(True, strict=True)
@@ -755,7 +766,12 @@ def expert_why_not(layout: Layout, model: ModelConfig) -> str | None:
     if not model.moe:
         if layout.ep > 1 or layout.etp > 1:
             return f"ep / etp spread experts: model {model.name} has none (a dense model runs ep 1, etp 1)"
+        if layout.ep_overlap:
+            return f"ep_overlap overlaps the experts' all-to-alls: model {model.name} has no experts"
         return None
+    why = ep_overlap_why_not(layout, model)
+    if why:
+        return why
     if model.experts % layout.ep:
         return f"the {model.experts} experts do not split evenly over ep {layout.ep}; pick an ep that divides them"
     why = measured_why_not(layout.balance, model.experts, model.top_k)
@@ -782,6 +798,42 @@ def expert_why_not(layout: Layout, model: ModelConfig) -> str | None:
     if layout.metp:
         return "METP's rings run a dense FFN: MoE layers run Megatron TP (tp_mode megatron)"
     return None
+
+
+def ep_overlap_why_not(layout: Layout, model: ModelConfig) -> str | None:
+    """Megatron-Core's rules for ``ep_overlap`` and where memo prices it (module docs; transformer_config.py at
+    d98e8a64), or None."""
+    if not layout.ep_overlap:
+        return None
+    if model.dtype not in ("bf16", "fp16"):
+        return (f"ep_overlap (--ep-overlap) runs a bf16 or fp16 model (Megatron-Core asserts it), not {model.dtype}: "
+                f"turn it off")
+    if layout.ep < 2:
+        return ("ep_overlap (--ep-overlap) overlaps the expert-parallel all-to-alls: it needs ep >= 2 (Megatron-Core "
+                "asserts 'only supported with expert model parallelism')")
+    if layout.dispatcher.megatron not in ("alltoall", "flex"):
+        return (f"ep_overlap (--ep-overlap) runs beside the alltoall or deepep dispatcher (Megatron-Core's alltoall "
+                f"or flex), not {layout.moe_dispatcher}")
+    if layout.pp < 2:
+        return ("ep_overlap (--ep-overlap) is priced in the interleaved pipeline schedule (pp >= 2, vpp >= 2); "
+                "Megatron-Core also runs it without pipeline stages (combined_1f1b_schedule_for_no_pipelining), "
+                "which memo does not price: use pp >= 2 with virtual stages, or turn it off")
+    if layout.vpp < 2:
+        return ("ep_overlap (--ep-overlap) beside pipeline stages needs virtual stages (vpp >= 2, the interleaved "
+                "schedule): Megatron-Core asserts virtual_pipeline_model_parallel_size with it")
+    if layout.dp_mode != "zero" or layout.zero > 1:
+        # the merged steps are laid out by the micro-batch pipelines' builder, whose gradients are reduced once an
+        # iteration (`memo_sim.engine.schedules.microbatch`): Megatron-Core's DDP and distributed optimizer
+        return ("ep_overlap (--ep-overlap) is priced with Megatron-Core's data parallelism (ZeRO 0 or 1, its "
+                "distributed optimizer): Megatron-FSDP or ZeRO 2/3 beside it is not modelled; use --zero 0 or 1")
+    return None
+
+
+def with_ep_overlap(layout: Layout, model: ModelConfig) -> Layout:
+    """``layout`` with ``ep_overlap`` on where Megatron-Core runs it and memo prices it (`ep_overlap_why_not`), else
+    as it is: what a search asked for the overlap (--ep-overlap) runs each candidate with."""
+    on = replace(layout, ep_overlap=True)
+    return layout if not model.moe or ep_overlap_why_not(on, model) else on
 
 
 def dp_why_not(layout: Layout, model: ModelConfig) -> str | None:
@@ -934,11 +986,14 @@ def _divisors(n: int) -> list[int]:
 @dataclass(frozen=True)
 class ExpertChoice:
     """The expert-parallel part of a search (MoE models): ``ep`` / ``etp`` fixed or None (searched),
-    the token dispatcher and the balance every candidate runs with."""
+    the token dispatcher and the balance every candidate runs with, and whether the EP all-to-alls overlap."""
     ep: int | None = None
     etp: int | None = None
     dispatcher: str = "alltoall"
     balance: str = "dropless"
+    # the EP all-to-all overlap on every pipeline candidate that can run it (`with_ep_overlap`, applied where the
+    # candidate's virtual stages are chosen: `memo_sim.search.pipeline.pipeline_candidates`)
+    ep_overlap: bool = False
 
     def options(self, model: ModelConfig, stage_gpus: int, tp: int) -> list[tuple[int, int]]:
         """(ep, etp) pairs to try for a layout whose pipeline stage has ``stage_gpus`` GPUs and TP

@@ -1111,7 +1111,8 @@ def model_from_file(path: str | Path) -> ModelConfig:
     config.json (or the folder holding one; `memo_sim.model.hf_config`)."""
     path = config_path(path)
     if not path.exists():
-        raise MemoError(f"{path}: no such model file")
+        raise MemoError(f"{path}: no such model file; give a preset name (memo-sim models lists them), or the path "
+                        f"of a .yaml/.json model file or a Hugging Face config.json")
     try:
         text = read_utf8(path, MemoError)
         raw = json.loads(text) if path.suffix == ".json" else load_yaml(text)

@@ -200,6 +200,10 @@ def moe_why_not(model: ModelConfig, layout: Layout) -> str | None:
     if layout.tp > 1 and not layout.sp:
         return (f"plan layout {lab}: sp = False: a MoE layer with tp > 1 routes each rank's sequence shard; "
                 f"plan with sequence parallelism")
+    if layout.ep_overlap:
+        return (f"plan layout {lab}: ep_overlap: the executor runs each micro-batch's forward and backward steps apart, "
+                f"not Megatron-Core's merged steps with the EP all-to-alls beside the other micro-batch's compute (the "
+                f"simulator prices them, memo-sim export --to megatron writes them); plan without --ep-overlap to run")
     if model.experts % layout.ep:
         return f"plan layout {lab}: ep = {layout.ep} does not divide the {model.experts} experts"
     stage = layout.tp * layout.cp * layout.ulysses * layout.dp

@@ -87,10 +87,24 @@ class Policy:
             return f"{cls.name} acts on a mixture of experts' tensors: model {model.name} has no experts"
         return None
 
-    @staticmethod
-    def layout_why_not(layout) -> str | None:
+    # whether the policy runs beside `Layout.ep_overlap` (Megatron-Core's merged forward and backward steps,
+    # `memo_sim.engine.schedules.ep_overlap`), and the reason where it does not
+    ep_overlap_ok: ClassVar[bool] = False
+    ep_overlap_refusal: ClassVar[str] = ("memo lays out no host copies or whole-layer re-runs inside a merged "
+                                         "forward-backward step")
+
+    @classmethod
+    def layout_why_not(cls, layout) -> str | None:
         """Why the policy cannot run on ``layout`` (None: it can; the search leaves the pair out, the simulator
-        refuses it when asked for)."""
+        refuses it when asked for): beside ``ep_overlap`` its own rule above, then the policy's (`own_layout_why_not`)."""
+        if getattr(layout, "ep_overlap", False) and not cls.ep_overlap_ok:
+            return (f"{cls.name} does not run beside the EP all-to-all overlap (--ep-overlap): {cls.ep_overlap_refusal}; "
+                    f"use store_all, selective_recompute or recompute_norm_act, or turn the overlap off")
+        return cls.own_layout_why_not(layout)
+
+    @staticmethod
+    def own_layout_why_not(layout) -> str | None:
+        """The policy's own reason it cannot run on ``layout`` (None: it can)."""
         return None
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ class FullRecompute(Policy):
     recomputes_attention = True
     keeps_lse = False  # rebuilt by the recompute (module docs)
     summary = "keep layer inputs; re-run each layer's forward before its backward"
+    ep_overlap_refusal = "Megatron-Core asserts 'disable full recomputation when enabling overlap_moe_expert_parallel_comm'"
 
     @property
     def recompute_fraction(self) -> float:

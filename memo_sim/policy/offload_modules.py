@@ -55,9 +55,10 @@ class OffloadModules(StoreAll):
     offloads = True
     offloaded_roles = ()  # by module (`offloaded_tensors`), not by MEMO role
     offload_modules: ClassVar[tuple[str, ...]] = ()  # its --offload-modules words (`memo_sim.export.megatron`)
+    ep_overlap_ok = False  # Megatron-Core runs its offloads beside the overlap; memo lays no copy inside a merged step
 
     @staticmethod
-    def layout_why_not(layout) -> str | None:
+    def own_layout_why_not(layout) -> str | None:
         if why := megatron_layer_why_not(layout, "Megatron-LM's --offload-modules mark parts"):
             return why
         if layout.attention == "materialised":

@@ -52,7 +52,7 @@ class RecomputeModules(StoreAll):
     megatron_modules: ClassVar[tuple[str, ...]] = ()  # its --recompute-modules words (`memo_sim.export.megatron`)
 
     @staticmethod
-    def layout_why_not(layout) -> str | None:
+    def own_layout_why_not(layout) -> str | None:
         # the modules are Megatron TP's layer parts (its LayerNormColumnParallelLinear, its MoE layer): METP's layer
         # has none of them, and memo-exec re-runs them in the Megatron layer only (a review found the what-if
         # answering with recompute_mlp on metp_ffn, which memo-exec refused)
@@ -105,6 +105,9 @@ class RecomputeMoe(RecomputeModules):
     ops = ("ln1", "ln2") + _MOE_BLOCK_OPS
     comm_prefixes = ("moe_dispatch", "moe_combine")
     megatron_modules = ("layernorm", "moe")
+    ep_overlap_ok = False
+    ep_overlap_refusal = ("Megatron-Core asserts 'disable moe in recompute_modules when enabling "
+                          "overlap_moe_expert_parallel_comm'")
 
     def dropped(self, sk) -> float:
         return sk.get("norms", 0.0) + sk.get("moe_block", 0.0)

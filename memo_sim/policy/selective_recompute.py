@@ -24,7 +24,7 @@ class SelectiveRecompute(StoreAll):
     summary = "keep every layer's skeletal activations; re-run each layer's attention core before its backward"
 
     @staticmethod
-    def layout_why_not(layout) -> str | None:
+    def own_layout_why_not(layout) -> str | None:
         # Megatron-LM's attention core, re-run from the kept q, k, v; METP's layer keeps its attention's inputs as
         # blocks on the ring (metp) and memo-exec's METP layer has no core to re-run alone (a review: a hand-made
         # METP plan was refused only after its ranks had started)

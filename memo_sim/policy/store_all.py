@@ -21,6 +21,7 @@ def megatron_layer_why_not(layout, what: str) -> str | None:
 class StoreAll(Policy):
     name = "store_all"
     summary = "keep every layer's skeletal activations on the GPU"
+    ep_overlap_ok = True  # and the modules it re-runs (Megatron-Core's rule: not the MoE block; `RecomputeMoe`)
 
     def kept_scores(self, sk) -> float:
         """Score-sized bytes a layer keeps for its backward (materialised attention only)."""

@@ -15,7 +15,11 @@ whose longest path is `critical_time`):
   run forward on ranks 0..s-1, then runs every unit of its own (m micro-batches x its layers,
   forward, recompute and backward) one after another on its compute stream, and its last
   backward (the last micro-batch's first chunk) then runs backward on ranks s-1..0 before rank
-  0's embedding backward and optimizer step (`memo_sim.engine.schedules.microbatch`);
+  0's embedding backward and optimizer step (`memo_sim.engine.schedules.microbatch`); under the EP all-to-all
+  overlap (`Layout.ep_overlap`) a merged step runs one micro-batch's collectives beside the other's compute, so
+  the rank's own units count their compute-stream seconds alone (every kernel of the rank runs one after another
+  on that stream), while the warm-up forward and the cool-down backward ahead of and behind it, never merged,
+  keep their chains;
 - SPPO: its tier-1 (stage, piece) recurrence with the host copies' and weight gathers' waits left
   out (`sppo_bound`: the argument is written there) (`memo_sim.engine.schedules.sppo`).
 
@@ -38,7 +42,7 @@ from memo_sim.layout.parallel import distinct_shards, stage_shards
 from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
 from memo_sim.model.flops import tgs
-from memo_sim.search.estimate import _forward_backward_times, stage_shard
+from memo_sim.search.estimate import _forward_backward_times, ep_overlap_times, stage_shard
 from memo_sim.search.sppo.estimate import recurrence
 
 BoundRule = Callable[[object], float]  # Candidate -> seconds
@@ -68,6 +72,11 @@ def _phase_times(model, shard, batch, seq, policy, profile) -> tuple[float, floa
     f, b = _forward_backward_times(model, shard, batch, seq, profile)
     rec = policy.recompute_costs(model, shard, batch, seq, profile)
     return f, b, critical_time(rec) if rec else 0.0
+
+
+def _recompute_on_compute(model, shard, batch, seq, policy, profile) -> float:
+    """A policy's recompute chain's compute-stream seconds (a merged step's bound, `pipeline_iteration_bound`)."""
+    return sum(c.seconds for c in policy.recompute_costs(model, shard, batch, seq, profile) if c.stream == "compute")
 
 
 @register_bound("single_stage")
@@ -132,7 +141,14 @@ def pipeline_iteration_bound(model, lay, policy, batch: int, micro_batch: int, s
         # per layer once (a family's ranks each walked every layer before them: O(pp x layers) calls a family, 5.2 of
         # a 15 s cluster-scale what-if, 2026-12-02); the sums keep their order, so every bound is the same to the bit
         per_layer = [fbr(i) for i in range(model.layers)]
-        return r, r_least, [t[0] for t in per_layer], [t[1] for t in per_layer], [sum(t[:2]) for t in per_layer]
+        both = [sum(t[:2]) for t in per_layer]
+        if lay.ep_overlap:  # a merged step hides collectives under the other micro-batch's compute: a rank's own units
+            # are bounded by their compute-stream seconds alone (module docs), the recompute's by the least chain's
+            on = {k: sum(ep_overlap_times(kind_model(model, k), sh, mb, seq, profile)[1:]) for k in distinct_kinds(model)}
+            plain = sum(ep_overlap_times(model, sh, mb, seq, profile)[1:])
+            both = [on[kinds[i]] if kinds else plain for i in range(model.layers)]
+            r_least = min(r_least, _recompute_on_compute(model, sh, mb, seq, policy, profile)) if r > 0 else r_least
+        return r, r_least, [t[0] for t in per_layer], [t[1] for t in per_layer], both
 
     own_times = [(sh, shard_times(sh)) for sh in distinct_shards(shards)]
     of = [next(t for o, t in own_times if o is sh) for sh in shards]  # each rank's shard's times

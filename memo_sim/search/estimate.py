@@ -29,6 +29,7 @@ from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time
+from memo_sim.engine.schedules.ep_overlap import delay_weight_grads, pair_seconds, split_layer
 from memo_sim.cost.sppo import stage_split_key
 from memo_sim.layout.parallel import Layout, distinct_shards, stage_shard, stage_shards
 from memo_sim.memplan.trace_gen import per_gpu_shard
@@ -82,6 +83,27 @@ def _forward_backward_times(model: ModelConfig, layout: Layout, batch: int, seq:
     """Critical seconds of one layer's forward and backward (policy-independent, memoised)."""
     return (critical_time(forward_costs(model, layout, batch, seq, profile)),
             critical_time(backward_costs(model, layout, batch, seq, profile)))
+
+
+@memoised()
+def ep_overlap_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                     profile: HardwareProfile) -> tuple[float, float, float]:
+    """One layer under `Layout.ep_overlap` (`memo_sim.engine.schedules.ep_overlap`): (seconds a merged step saves on
+    it, the forward and backward as alone minus the pair as `pair_seconds` prices its segments; its forward's and its
+    backward's compute-stream seconds, what no overlap takes off a rank's compute stream: the bound's,
+    `memo_sim.search.bound`). The saving is 0 where the layer's dispatcher moves nothing."""
+    fwd, bwd = forward_costs(model, layout, batch, seq, profile), backward_costs(model, layout, batch, seq, profile)
+    on_compute = (sum(c.seconds for c in fwd if c.stream == "compute"),
+                  sum(c.seconds for c in bwd if c.stream == "compute"))
+    fs, bs = split_layer(fwd, backward=False), split_layer(bwd, backward=True)
+    if fs is None or bs is None:
+        return 0.0, *on_compute
+    dgrad, wgrad = delay_weight_grads(bs["mlp"])
+    ft = {k: critical_time(v) for k, v in fs.items()}
+    bt = {k: critical_time(v) for k, v in bs.items()}
+    bt["mlp"] = critical_time(dgrad)
+    pair = pair_seconds(ft, bt, critical_time(wgrad))
+    return max(0.0, critical_time(fwd) + critical_time(bwd) - pair), *on_compute
 
 
 def layer_times(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
@@ -275,6 +297,11 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     hops, serial, opt = _stage_terms(model, layout, micro_batch, seq, profile)
     top = max(work)
     pipe = (m - 1) * top + sum(work) / v + (1 - 1 / v) * top + hops
+    if layout.ep_overlap:  # the merged steps' saving on the fullest stage: its steady-state chunk steps after rank
+        # 0's warm-up, one forward more (`memo_sim.engine.schedules.ep_overlap`), each of its chunk's layers
+        warm = min(m * v, (p - 1) * 2 + (v - 1) * p + 1)
+        saved = max(ep_overlap_times(model, sh, micro_batch, seq, profile)[0] for sh in own)
+        pipe -= (m * v - warm) * (per / v) * saved
     sync = stage_grad_sync(model, layout, profile)
     # overlapped: the last bucket (FSDP beside stages: the last chunk's, after its backward); serial
     # (``grad_overlap`` off): the slowest stage's whole reduction

@@ -37,7 +37,7 @@ from memo_sim.engine.schedules.microbatch import (
 )
 from memo_sim.layout.alloc_conf import gpu_limit_bytes
 from memo_sim.layout.parallel import (
-    ExpertChoice, Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split,
+    ExpertChoice, Layout, _divisors, check_layout, enumerate_layouts, node_stage_gpus, uneven_split, with_ep_overlap,
     virtual_split_why_not,
 )
 from memo_sim.layout.schedule import check_schedule
@@ -178,12 +178,12 @@ class _Shape(NamedTuple):
 def _shape(model: ModelConfig, layout: Layout, batch: int, micro_batch: int, profile: HardwareProfile,
            schedule: str) -> _Shape:
     m = batch // micro_batch
-    flights = stage_in_flight(schedule, layout.pp, m, layout.vpp)
+    flights = stage_in_flight(schedule, layout.pp, m, layout.vpp, layout.ep_overlap)
     layers = None
     if layout.uneven:  # each rank's own chunk sizes, followed through the schedule's order
         vr, p = layout.virtual_stage_ranges(model.layers), layout.pp
         sizes = tuple(tuple(len(vr[c * p + s]) for c in range(layout.vpp)) for s in range(p))
-        layers = tuple(stage_in_flight_layers(schedule, p, m, layout.vpp, sizes))
+        layers = tuple(stage_in_flight_layers(schedule, p, m, layout.vpp, sizes, layout.ep_overlap))
     return _Shape(flights, _host_units(model, layout, flights, m, profile.node_gpus, layers),
                   _stage_states(model, layout), stage_shard(layout))
 
@@ -197,7 +197,10 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
         shape or _shape(model, layout, batch, micro_batch, profile, schedule))
     one, kept, lse, buffers, backward, host_block, offload = _stage_unit_terms(model, shard, micro_batch, seq,
                                                                                policy, profile)
-    work = one.transient_peak_bytes + one.layer_boundary_bytes + backward
+    # a merged step's forward layer works beside its backward layer (`Layout.ep_overlap`,
+    # `memo_sim.engine.schedules.ep_overlap`): both working blocks at once, the forward's counted as a transient
+    beside = one.phase_working_bytes("fwd") if layout.ep_overlap else 0.0
+    work = one.transient_peak_bytes + beside + one.layer_boundary_bytes + backward
     last = layout.pp - 1
     # each stage's peak: its states, its layers in flight, the buffers and the working block (the classifier's
     # on the last stage, where larger, beside the buffers but one allocated for the backward); a stage with no
@@ -210,7 +213,7 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     if model.mtp_layers:  # the multi-token-prediction modules' activations of the other last-chunk micro-batches
         m = batch // micro_batch  # in flight (interleaved), kept from their head to their backward step
         sizes = tuple(tuple(int(s == last and c == layout.vpp - 1) for c in range(layout.vpp)) for s in range(last + 1))
-        held = stage_in_flight_layers(schedule, layout.pp, m, layout.vpp, sizes)[last]
+        held = stage_in_flight_layers(schedule, layout.pp, m, layout.vpp, sizes, layout.ep_overlap)[last]
         peaks[last] += max(0, held - 1) * mtp_activation_bytes(model, shard, micro_batch, seq, policy.recomputes_mtp)
     rows = [{"stage": s, "in_flight": k, "layers_in_flight": u, "model_states_bytes": states, "peak_gpu_bytes": peak}
             for s, (k, u, states, peak) in enumerate(zip(flights, units, all_states, peaks))]
@@ -224,7 +227,7 @@ def pipeline_memory(model: ModelConfig, layout: Layout, batch: int, micro_batch:
     mem = MemoryBreakdown(
         model_states_bytes=all_states[ws], skeletal_resident_bytes=u * (kept - lse),
         rounding_buffer_bytes=has * buffers, backward_buffer_bytes=has * backward, lse_bytes=u * lse,
-        transient_peak_bytes=has * one.transient_peak_bytes,
+        transient_peak_bytes=has * (one.transient_peak_bytes + beside),
         transient_planned_bytes=has * one.transient_planned_bytes,
         transient_caching_allocator=one.transient_caching_allocator if u else 0.0,
         # only the last stage holds the classifier (a review: a middle stage's peak was given with the last one's
@@ -431,6 +434,8 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                             if vpp is not None or chunks or not searched.get("why_none"):
                                 searched["why_none"] = replace(lay, vpp=v).split_why_not(model.layers)
                             continue
+                        if experts.ep_overlap:  # where Megatron-Core runs it (vpp >= 2, ZeRO <= 1, ...)
+                            cand = with_ep_overlap(cand, model)
                         if (cand, b, mb, name) in met:
                             continue
                         met.add((cand, b, mb, name))
@@ -479,12 +484,16 @@ def pipeline_candidates(model: ModelConfig, seq: int, gpus: int, profile: Hardwa
                                 tell()
                                 continue
                         tell()
-                        shape = _shape(model, cand, b, mb, profile, name)  # every policy's
+                        shapes = {}  # every policy's (a policy the EP overlap does not run beside: without it)
                         for pol in policies:
-                            if why := policy_class(pol).layout_why_not(cand):
-                                rejected.append((cand, f"{pol}: {why}"))
+                            at = cand if not cand.ep_overlap or policy_class(pol).ep_overlap_ok else \
+                                replace(cand, ep_overlap=False)
+                            if why := policy_class(pol).layout_why_not(at):
+                                rejected.append((at, f"{pol}: {why}"))
                                 continue
-                            out.append(pipeline_candidate(model, cand, pol, b, mb, seq, profile, name, alpha, shape))
+                            if at not in shapes:
+                                shapes[at] = _shape(model, at, b, mb, profile, name)
+                            out.append(pipeline_candidate(model, at, pol, b, mb, seq, profile, name, alpha, shapes[at]))
     # "state_why": the layout nearest to fitting whose model states alone do not; "why_none": the last reason a layout
     # the degrees allow was not built (its chunks, batch split or schedule): what a search that builds nothing says,
     # in that order, rather than the first layout refused (`memo_sim.search.whatif`)

@@ -36,7 +36,7 @@ from memo_sim.search.whatif import (NO_VALID_LAYOUT, WhatIfResult, candidates_fo
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
           "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex", "optimizer_offload",
           "first_stage_layers", "last_stage_layers", "chunk_layers", "ep", "etp", "moe_dispatcher", "moe_balance", "dp_mode",
-          "alloc_conf", "allocator", "rank_order")
+          "alloc_conf", "allocator", "rank_order", "ep_overlap")
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
 
@@ -47,14 +47,14 @@ FIELD_FLAGS = {
     "micro_batch": "--micro-batch", "tp": "--tp", "cp": "--cp", "ulysses": "--ulysses", "dp": "--dp", "zero": "--zero",
     "sp": "--sp", "optimizer_offload": "--optimizer-offload", "tp_mode": "--tp-mode",
     "metp_across_nodes": "--metp-across-nodes", "ep": "--ep", "etp": "--etp", "moe_dispatcher": "--moe-dispatcher",
-    "moe_balance": "--moe-balance", "dp_mode": "--dp-mode", "alloc_conf": "--alloc-conf", "allocator": "--allocator",
+    "moe_balance": "--moe-balance", "ep_overlap": "--ep-overlap", "dp_mode": "--dp-mode", "alloc_conf": "--alloc-conf", "allocator": "--allocator",
     "rank_order": "--rank-order", "policies": "--policy", "alpha": "--alpha", "pp": "--pp", "vpp": "--vpp",
     "first_stage_layers": "--decoder-first-pipeline-num-layers",
     "last_stage_layers": "--decoder-last-pipeline-num-layers", "chunk_layers": "--pipeline-model-parallel-layout",
     "schedules": "--schedule", "subseqs": "--subseqs", "partition": "--partition", "multiplex": "--multiplex",
     "framework": "--framework", "simulate_top": "--simulate-top", "allocator_lag": "--allocator-lag", "jobs": "--jobs",
 }
-BOOL_FLAGS = ("sp", "optimizer_offload", "multiplex", "metp_across_nodes")  # --x is x=True, --no-x x=False
+BOOL_FLAGS = ("sp", "optimizer_offload", "multiplex", "metp_across_nodes", "ep_overlap")  # --x is x=True, --no-x x=False
 # the command's options that are not the request's fields, in the request's words (the model's own options set
 # fields of the ModelConfig; the profile's is the request's profile)
 _OTHER_WORDS = {
@@ -206,6 +206,7 @@ class WhatifRequest:
     etp: int | None = None
     moe_dispatcher: str = "alltoall"
     moe_balance: str = "dropless"
+    ep_overlap: bool = False  # Megatron-Core's EP all-to-all overlap where a candidate can run it
     dp_mode: str | None = None  # data-parallel flavours searched: zero, fsdp or all (None: the framework's first)
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF over the framework's (`memo_sim.layout.alloc_conf`)
     allocator: str = "caching"  # caching | plan | both: who places the transients of policies without MEMO's plan
@@ -275,6 +276,8 @@ class WhatifRequest:
                 raise bad(name, "give True, False, or None to search it")
         if not isinstance(self.metp_across_nodes, bool):
             raise bad("metp_across_nodes", "give True or False")
+        if not isinstance(self.ep_overlap, bool):
+            raise bad("ep_overlap", "give True or False")
         if isinstance(self.allocator_lag, bool) or not isinstance(self.allocator_lag, int) \
                 or not 0 <= self.allocator_lag <= 64:
             raise bad("allocator_lag", "give a whole number from 0 to 64 (layers the GPU lags behind the CPU)")
@@ -392,6 +395,8 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
             fixed["dp_mode"] = "all"  # ZeRO 3 beside stages runs only as FSDP (`memo_sim.dp.fsdp`)
         if fixed.get("tp_mode") not in (None, "all") and fixed["tp_mode"] not in anyf.tp_modes:
             fixed["tp_mode"] = "all"  # a flavour only the framework runs (async TP): memo's own flavours
+        if anyf.experts is None or not anyf.experts.ep_overlap:
+            fixed["ep_overlap"] = False  # Megatron-Core's merged steps, which memo's own executor does not run
         try:
             # searched as the what-if searches (a single simulated plan named a plan the plain what-if ranks third)
             # a --policy asked for is kept as the degrees are (a review: --policy full_recompute compared with memo's

@@ -194,7 +194,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    first_stage_layers: int | None = None, last_stage_layers: int | None = None,
                    chunk_layers: tuple[int, ...] | None = None, ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
                    moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
-                   allocator: str = "caching", rank_order: str | None = None,
+                   allocator: str = "caching", rank_order: str | None = None, ep_overlap: bool = False,
                    sppo_beside: Callable[..., SppoBeside] | None = None,
                    pipeline_floor: Callable[[list[Candidate]], float | None] | None = None,
                    on_stage: Callable[[str], None] | None = None, offload_beside: bool = False) -> WhatIfResult:
@@ -226,7 +226,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     ``chunk_layers``: each model chunk's layers (`memo_sim.layout.pipeline_layout`, Megatron-LM's
     --pipeline-model-parallel-layout): ``pp`` fixed, len / pp chunks per rank.
     ``ep``, ``etp``: the expert degrees of a MoE model (None: searched), ``moe_dispatcher`` and
-    ``moe_balance`` what every MoE candidate runs with (`memo_sim.layout.parallel.ExpertChoice`).
+    ``moe_balance`` what every MoE candidate runs with (`memo_sim.layout.parallel.ExpertChoice`); ``ep_overlap``:
+    every pipeline candidate that can run Megatron-Core's EP all-to-all overlap runs it, the others (1F1B without
+    virtual stages, ZeRO 2 / 3, a policy it refuses beside it) without (`memo_sim.layout.parallel.with_ep_overlap`).
     ``dp_mode``: the data-parallel flavours to search (`memo_sim.dp`): one of the framework's, or ``all``
     of them; None: the framework's first (``any``: zero; torchtitan: fsdp). ``alloc_conf``: the
     caching allocator's settings as ``PYTORCH_CUDA_ALLOC_CONF`` writes them, over the framework's
@@ -242,7 +244,12 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         raise MemoError(f"--allocator must be one of {', '.join(ALLOCATORS)}, got {allocator!r}")
     if gpus < 1:
         raise MemoError("--gpus must be at least 1")
-    experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance)
+    experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance, ep_overlap)
+    if ep_overlap and not model.moe:
+        raise MemoError(f"--ep-overlap overlaps the experts' all-to-alls: model {model.name} has none (dense); drop it")
+    if ep_overlap and (ep == 1 or pp == 1):
+        raise MemoError(f"--ep-overlap runs beside expert parallelism in the interleaved pipeline schedule: "
+                        f"{'--ep 1' if ep == 1 else '--pp 1'} leaves it nothing to overlap; drop one of them")
     if not model.moe and ((ep or 1) > 1 or (etp or 1) > 1):
         raise MemoError(f"--ep / --etp spread experts: model {model.name} has none (dense); drop them, or choose a "
                         f"model with experts (memo-sim models lists them)")
@@ -291,6 +298,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         if moe_dispatcher not in dispatchers:
             raise MemoError(f"--moe-dispatcher {moe_dispatcher}: {fw.name} runs {', '.join(dispatchers)}; choose one "
                             f"of them or another --framework")
+        if ep_overlap and not fw.experts.ep_overlap:
+            runs = [n for n, f in FRAMEWORKS.items() if f.experts is not None and f.experts.ep_overlap]
+            raise MemoError(f"--ep-overlap: {fw.name} does not overlap the EP all-to-alls in memo's framework data"
+                            + (f"; {' and '.join(runs)} does (--framework {runs[0]})" if runs else "")
+                            + ", or drop --ep-overlap")
         if (kind := parse_balance(moe_balance).kind) not in balances:
             raise MemoError(f"--moe-balance {moe_balance}: {fw.name} runs expert loads {', '.join(balances)} in memo's "
                             f"framework data, not {kind}; choose one of them or another --framework")
@@ -503,7 +515,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
             searched["pipeline"]["not_built"] = what["not_built"]
         state_why = what.get("state_why")  # every layout's model states alone overflow (`states_why_not`)
         said = state_why or what.get("why_none")
-        if (pr or said) and not out:
+        # a layout reason of the single stage the degrees describe (no pipeline asked for) stays the answer: a review
+        # found --ep 256 --moe-dispatcher deepep on 256 GPUs answered with the pipelines' 'must divide the 128 GPUs
+        # of a pipeline stage' where DeepEP's rank cap refused the layout asked for
+        keep_single = not pipe_flags and said_before_sppo and not state_why and "single_stage" in searched["schedules"]
+        if (pr or said) and not out and not keep_single:
             why_none, pipes_said = said or framework_why_none(pr, fw), True
     if beside is not None:  # SPPO's rows where the search run here puts them (above)
         say(f"{len(out)} candidates priced; waiting for SPPO's search of its (SP, PP, N) points")
@@ -996,6 +1012,7 @@ PINNABLE: dict[str, tuple[object, Callable[[object], str] | None, str]] = {
     # one value is always priced: dropping the flag goes back to the command's default, it searches no others
     "moe_dispatcher": ("alltoall", _value_words("--moe-dispatcher"), "default"),
     "moe_balance": ("dropless", _value_words("--moe-balance"), "default"),
+    "ep_overlap": (False, _switch_words("--ep-overlap", "--no-ep-overlap"), "default"),
     "alloc_conf": (None, _value_words("--alloc-conf"), "default"),
     "allocator": ("caching", _value_words("--allocator"), "default"),
     "tp_mode": ("all", None, "sentence"),

@@ -92,6 +92,9 @@ from memo_sim.engine.result import (
     SimResult, _span, check_deadlock, exposed_wait_by_device, exposed_wait_parts_of, rates,
     timeline_events,
 )
+from memo_sim.engine.schedules.ep_overlap import (
+    FWD_SEGMENTS, PAIR_ORDER, delay_weight_grads, merged_pairs, overlapped_order, split_layer,
+)
 from memo_sim.engine.schedules.microbatch_fold import MICRO_BATCHES, mb_name, mb_tensor, plan_window_fold
 from memo_sim.engine.schedules.single_stage import emit_chain, layer_plan
 from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, shared_embedding_sums, stage_devices
@@ -159,10 +162,18 @@ def micro_batch_pipelines() -> tuple[str, ...]:
     return tuple(_ORDERS)
 
 
-def stage_in_flight(name: str, pp: int, micro_batches: int, vpp: int) -> list[int]:
+def _order_of(name: str, ep_overlap: bool) -> Order:
+    """Schedule ``name``'s order, with the EP overlap's extra warm-up forward where ``ep_overlap``
+    (`memo_sim.engine.schedules.ep_overlap`)."""
+    order = pipeline_order(name)
+    return overlapped_order(order) if ep_overlap else order
+
+
+def stage_in_flight(name: str, pp: int, micro_batches: int, vpp: int, ep_overlap: bool = False) -> list[int]:
     """Per rank, the most chunk forwards held at once under schedule ``name`` (memoised: the
-    what-if asks for the same few (pp, micro-batches, vpp) for thousands of candidates)."""
-    return list(_stage_in_flight(pipeline_order(name), pp, micro_batches, vpp))
+    what-if asks for the same few (pp, micro-batches, vpp) for thousands of candidates); ``ep_overlap``: the
+    layout's `Layout.ep_overlap` (one more warm-up forward)."""
+    return list(_stage_in_flight(_order_of(name, ep_overlap), pp, micro_batches, vpp))
 
 
 @lru_cache(maxsize=4096)
@@ -171,11 +182,11 @@ def _stage_in_flight(order, pp: int, micro_batches: int, vpp: int) -> tuple[int,
 
 
 def stage_in_flight_layers(name: str, pp: int, micro_batches: int, vpp: int,
-                           chunk_sizes: tuple[tuple[int, ...], ...]) -> list[int]:
+                           chunk_sizes: tuple[tuple[int, ...], ...], ep_overlap: bool = False) -> list[int]:
     """Per rank, the most layers of chunk forwards held at once under schedule ``name``, rank s's chunk c
     holding ``chunk_sizes[s][c]`` layers (uneven chunks: the count of `stage_in_flight` times the largest
-    chunk overstates it where a rank's chunks differ)."""
-    return list(_stage_in_flight_layers(pipeline_order(name), pp, micro_batches, vpp, chunk_sizes))
+    chunk overstates it where a rank's chunks differ); ``ep_overlap`` as `stage_in_flight`'s."""
+    return list(_stage_in_flight_layers(_order_of(name, ep_overlap), pp, micro_batches, vpp, chunk_sizes))
 
 
 @lru_cache(maxsize=4096)
@@ -378,6 +389,31 @@ class _Rank:
     last_dp: Op | None = None
 
 
+@dataclass
+class _StepCtx:
+    """One step being laid out: its virtual stage and layers, what its next op waits for, the ops it made."""
+    vs: int
+    rg: range
+    deps: list
+    ops: list = field(default_factory=list)
+    before: list = field(default_factory=list)  # a backward step's dependencies before its first layer
+
+    def add(self, op: Op) -> Op:
+        self.ops.append(op)
+        return op
+
+
+def _drain(gen) -> None:
+    """Run a layer generator (`_MicrobatchBuilder._fwd_layer`, ``_bwd_layer``) to its end."""
+    for _ in gen:
+        pass
+
+
+def _resume(gen) -> None:
+    """Emit a layer generator's next segment (nothing where it has emitted all of them)."""
+    next(gen, None)
+
+
 def resolve_detail(detail: str, costs: PipelineCosts, pp: int, micro_batches: int, vpp: int,
                    layers_per_chunk: int) -> str:
     """``ops`` or ``units`` for ``auto``: op by op while the graph stays under `FINE_OPS_LIMIT` ops."""
@@ -415,6 +451,8 @@ class _MicrobatchBuilder:
             ranges = tuple(range(vs * k, (vs + 1) * k) for vs in range(n_vs))
         lc = max(len(rg) for rg in ranges)
         devices = devices or stage_devices(layout, profile)
+        if layout.ep_overlap:  # one more warm-up forward (`memo_sim.engine.schedules.ep_overlap`)
+            order = overlapped_order(order)
         orders = [order(p, m, v, s) for s in range(p)]
         for o in orders:
             check_order(o, m, v)
@@ -431,7 +469,10 @@ class _MicrobatchBuilder:
 
         self.costs, self.layout, self.profile, self.policy = costs, layout, profile, policy
         self.p, self.m, self.n_vs, self.lc = p, m, n_vs, lc
-        self.devices, self.orders = devices, orders
+        self.devices, self.orders, self.detail = devices, orders, detail
+        # the merged steps of `Layout.ep_overlap`: per rank, the positions of its order whose forward runs with the
+        # backward after it (`memo_sim.engine.schedules.ep_overlap.merged_pairs`)
+        self.pairs = [merged_pairs(order, p, m, v, s) if layout.ep_overlap else set() for s in range(p)]
         self.base = lists(costs.forward, costs.backward, costs.recompute)
         # layers whose attention differs (`PipelineCosts.layer_kinds`): each kind's lists
         self.kind_lists = {k: lists(*ph) for k, ph in costs.kind_phases.items()}
@@ -440,6 +481,10 @@ class _MicrobatchBuilder:
         # each stage's (base lists, kind lists, shard): its own shard's where its groups sit apart
         # (`PipelineCosts.stage_phases`), made once per distinct shard; index 0 the lists above
         self.stage_sets: list[tuple[dict, dict, Layout]] = [(self.base, self.kind_lists, shard)]
+        # the same lists uncollapsed, which a merged step cuts into segments before collapsing each (`segments`)
+        raw = lambda fwd, bwd, rec: {"fwd": fwd, "bwd": bwd, "recompute": rec}  # noqa: E731
+        self.raw_sets: list[tuple[dict, dict]] = [(raw(costs.forward, costs.backward, costs.recompute),
+                                                   {k: raw(*ph) for k, ph in costs.kind_phases.items()})]
         self.stage_set = [0] * p
         made: dict[int, int] = {}
         for s_ in range(p):
@@ -450,6 +495,8 @@ class _MicrobatchBuilder:
                 made[id(own)] = len(self.stage_sets)
                 self.stage_sets.append((lists(own.forward, own.backward, own.recompute, own.shard),
                                         {k: lists(*ph, own.shard) for k, ph in own.kind_phases.items()}, own.shard))
+                self.raw_sets.append((raw(own.forward, own.backward, own.recompute),
+                                      {k: raw(*ph) for k, ph in own.kind_phases.items()}))
             self.stage_set[s_] = made[id(own)]
         self.g = g = OpGraph(devices)
         self.sched = MicrobatchSchedule(g, devices, orders, costs, lc, detail=detail,
@@ -524,8 +571,7 @@ class _MicrobatchBuilder:
 
     def lay_out(self) -> None:
         """Lay the steps out in an order that respects every rank's own order and every receive."""
-        p, n_vs, orders, ranks = self.p, self.n_vs, self.orders, self.ranks
-        send_f, send_b, fwd_done = self.send_f, self.send_b, self.fwd_done
+        p, orders, ranks = self.p, self.orders, self.ranks
         pos = [0] * p
         total = sum(len(o) for o in orders)
         laid = 0
@@ -535,22 +581,28 @@ class _MicrobatchBuilder:
                 o = orders[s]
                 while pos[s] < len(o):
                     st = o[pos[s]]
-                    vs = st.chunk * p + s
-                    if st.kind == "F":
-                        ready = vs == 0 or (st.mb, vs - 1) in send_f
-                    else:
-                        ready = (st.mb, vs + 1) in send_b if vs < n_vs - 1 else (st.mb, vs) in fwd_done
-                    if not ready:
+                    pair = pos[s] in self.pairs[s]
+                    steps = (st, o[pos[s] + 1]) if pair else (st,)
+                    if not all(self.ready(x, x.chunk * p + s) for x in steps):
                         break
                     launch = list(ranks[s].tail)
-                    (self.forward_step if st.kind == "F" else self.backward_step)(s, st)
+                    if pair:
+                        self.merged_step(s, *steps)
+                    else:
+                        (self.forward_step if st.kind == "F" else self.backward_step)(s, st)
                     ranks[s].prev_launch = launch
-                    pos[s] += 1
-                    laid += 1
+                    pos[s] += len(steps)
+                    laid += len(steps)
                     progressed = True
             if not progressed:
                 stuck = [(s, orders[s][pos[s]]) for s in range(p) if pos[s] < len(orders[s])]
                 raise RuntimeError(f"pipeline order deadlocks: every rank waits ({stuck[:3]})")
+
+    def ready(self, st: Step, vs: int) -> bool:
+        """Whether step ``st`` of virtual stage ``vs`` has what it receives (its input, or its output's gradient)."""
+        if st.kind == "F":
+            return vs == 0 or (st.mb, vs - 1) in self.send_f
+        return (st.mb, vs + 1) in self.send_b if vs < self.n_vs - 1 else (st.mb, vs) in self.fwd_done
 
     def finish(self) -> None:
         """Each stage's last gradient sync and its optimizer step."""
@@ -571,121 +623,241 @@ class _MicrobatchBuilder:
                   layer=None, work=costs.optimizer[s], deps=ends[s] + ([shared[s]] if s in shared else []))
 
     def forward_step(self, s: int, st: Step) -> None:
-        g, sched, costs, sync, p, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.n_f_of[s]
-        slot, held, working = self.slot, self.held, self.working
+        ctx = self._fwd_begin(s, st)
+        for j in range(len(ctx.rg)):
+            _drain(self._fwd_layer(s, st, ctx, j, None))
+        self.ranks[s].tail = self._fwd_end(s, st, ctx)
+
+    def backward_step(self, s: int, st: Step) -> None:
+        ctx = self._bwd_begin(s, st)
+        for j in range(len(ctx.rg) - 1, -1, -1):
+            _drain(self._bwd_layer(s, st, ctx, j, None))
+        self.ranks[s].tail = self._bwd_end(s, st, ctx)
+
+    def merged_step(self, s: int, f: Step, b: Step) -> None:
+        """A forward step and the backward step after it run as one (`Layout.ep_overlap`,
+        `memo_sim.engine.schedules.ep_overlap`): the forward's layer i beside the backward's layer n-1-i, their
+        segments issued in `PAIR_ORDER`; a layer the other step has no partner for runs its segments alone."""
+        fctx, bctx = self._fwd_begin(s, f), self._bwd_begin(s, b)
+        nf, nb = len(fctx.rg), len(bctx.rg)
+        pending = None  # the forward layer whose post segment is issued as the next pair starts
+        for i in range(max(nf, nb)):
+            if pending is not None:
+                _drain(pending)
+                pending = None
+            fl = self._fwd_layer(s, f, fctx, i, self.segments("fwd", f.mb, fctx.rg[i], s)) if i < nf else None
+            bl = (self._bwd_layer(s, b, bctx, nb - 1 - i, self.segments("bwd", b.mb, bctx.rg[nb - 1 - i], s))
+                  if i < nb else None)
+            for who, _seg in PAIR_ORDER:
+                gen = fl if who == "F" else bl
+                if gen is None or (who == "F" and _seg == "post"):
+                    continue
+                if who == "B" and _seg == "pre":
+                    _drain(gen)
+                else:
+                    _resume(gen)
+            pending = fl
+        if pending is not None:
+            _drain(pending)
+        f_tail = self._fwd_end(s, f, fctx)
+        b_tail = self._bwd_end(s, b, bctx)
+        self.ranks[s].tail = f_tail + b_tail
+
+    def segments(self, phase: str, mb: int, layer: int, stage: int) -> list[list[OpCost]]:
+        """Model layer ``layer``'s ``phase`` chain for micro-batch ``mb`` cut for a merged step
+        (`memo_sim.engine.schedules.ep_overlap.split_layer`; each segment collapsed on its own at ``units`` detail):
+        the forward's five segments, the backward's five with its expert GEMMs' weight gradients as a sixth after
+        its ``mlp`` (`delay_weight_grads`). One whole chain where the layer's dispatcher moves nothing."""
+        kind = self.costs.layer_kinds[layer] if self.costs.layer_kinds else None
+        k = self.stage_set[stage]
+        key = ("segments", phase, mb, kind, k)
+        hit = self.tagged.get(key)
+        if hit is not None:
+            return hit
+        own = self.raw_sets[k]
+        raw = (own[0] if kind is None else own[1][kind])[phase]
+        shard = self.shard_of(stage)
+        cut = split_layer(raw, backward=phase == "bwd")
+        ends = ("pre", "post")  # a chain's first and last segments carry its memory actions: never empty
+        if cut is None or not all(cut[n] for n in ends):
+            parts = [raw]
+        elif phase == "fwd":
+            parts = [cut[n] for n in FWD_SEGMENTS]
+        else:
+            dgrad, wgrad = delay_weight_grads(cut["mlp"])
+            parts = [cut["post"], cut["combine"], dgrad, wgrad, cut["dispatch"], cut["pre"]]
+        if self.detail == "units":
+            parts = [collapse_unit(p_, phase, shard, self.profile) for p_ in parts]
+        hit = self.tagged[key] = [[replace(c, name=mb_name(c.name, mb)) for c in p_] for p_ in parts]
+        return hit
+
+    def _fwd_begin(self, s: int, st: Step) -> "_StepCtx":
+        """A forward step's start: its receive, or on virtual stage 0 the embedding (and its gather)."""
+        g, costs, sync, p = self.g, self.costs, self.sync, self.p
         r, d = self.ranks[s], self.devices[s].index
         vs = st.chunk * p + s
-        rg = self.ranges[vs]
-        deps = list(r.tail)
-        first = len(g.ops)
+        ctx = _StepCtx(vs, self.ranges[vs], list(r.tail))
         if vs > 0:
-            deps.append(self.send_f[(st.mb, vs - 1)])
+            ctx.deps.append(self.send_f[(st.mb, vs - 1)])
         else:
             if sync.embedding_gather > 0 and st.mb == 0:  # its unit, as a layer's (once an iteration)
-                deps.append(g.add("allgather_embedding", device=d, stream="dp_comm", kind="comm", phase="weight_gather",
-                                  layer=None, work=sync.embedding_gather, deps=[], link=sync.link))
-            deps = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="fwd", layer=None,
-                          work=costs.embedding_fwd, deps=deps)]
+                ctx.deps.append(ctx.add(g.add("allgather_embedding", device=d, stream="dp_comm", kind="comm",
+                                              phase="weight_gather", layer=None, work=sync.embedding_gather, deps=[],
+                                              link=sync.link)))
+            ctx.deps = [ctx.add(g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute",
+                                      phase="fwd", layer=None, work=costs.embedding_fwd, deps=ctx.deps))]
+        return ctx
+
+    def _fwd_layer(self, s: int, st: Step, ctx: "_StepCtx", j: int, segments):
+        """Generator: the forward of the step's ``j``-th layer, one segment of ``segments`` per resumption (None:
+        the whole chain at once); the layer's gather, kept tensors and offload as `forward_step` lays them."""
+        g, sched, costs, sync, n_f = self.g, self.sched, self.costs, self.sync, self.n_f_of[s]
+        slot, held, working = self.slot, self.held, self.working
+        r, d = self.ranks[s], self.devices[s].index
+        layer = ctx.rg[j]
+        deps = ctx.deps
+        u = r.u
+        r.u += 1
+        r.unit_of[(st.mb, st.chunk, j)] = u
+        if sync.layer_gather > 0 and st.mb == 0:
+            deps = deps + [ctx.add(g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
+                                         phase="weight_gather", layer=layer, work=sync.layer_gather,
+                                         deps=r.fwd_tail.get(u - 2, []), link=sync.link))]
+        start = held(st.mb, layer, self.kept)  # its slot: one of the rank's static blocks
+        w = output_write_waits_for(u, n_f) if slot else None
+        parts = [self.phase_costs("fwd", st.mb, layer, s)] if segments is None else segments
+        done: list[Op] = []
         tail = deps
-        for j, layer in enumerate(rg):
-            u = r.u
-            r.u += 1
-            r.unit_of[(st.mb, st.chunk, j)] = u
-            if sync.layer_gather > 0 and st.mb == 0:
-                deps = deps + [g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
-                                     phase="weight_gather", layer=layer, work=sync.layer_gather,
-                                     deps=r.fwd_tail.get(u - 2, []), link=sync.link)]
-            start = held(st.mb, layer, self.kept)  # its slot: one of the rank's static blocks
-            w = output_write_waits_for(u, n_f) if slot else None
-            ops, tail = emit_chain(g, self.phase_costs("fwd", st.mb, layer, s), device=d, layer=layer, phase="fwd",
-                                   deps=deps,
+        for k, part in enumerate(parts):
+            if k:
+                yield
+            last = k == len(parts) - 1
+            ops, tail = emit_chain(g, part, device=d, layer=layer, phase="fwd", deps=tail,
                                    layout=self.shard_of(s), profile=self.profile,
-                                   mem_start=start + (working(st.mb, layer, "fwd"),),
-                                   mem_end=(working(st.mb, layer, "fwd", -1.0),),
-                                   last_deps=[r.offload[w]] if w in r.offload else [])
-            sched.phases[(s, st.mb, layer, "fwd")] = ops
-            r.fwd_tail[u] = tail
-            if slot and is_offloaded(u, n_f) and costs.offload_bytes > 0:
-                op = g.add(mb_name("offload", st.mb), device=d, stream="d2h", kind="copy", phase="offload", layer=layer,
-                           work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="d2h", deps=tail,
-                           mem_start=(MemAction("host", mb_tensor(st.mb, f"L{layer}.offload"), costs.host_block_bytes),))
-                r.offload[u] = op
-                sched.copies[(s, st.mb, layer, "offload")] = op
-            deps = tail
+                                   mem_start=start + (working(st.mb, layer, "fwd"),) if k == 0 else (),
+                                   mem_end=(working(st.mb, layer, "fwd", -1.0),) if last else (),
+                                   last_deps=[r.offload[w]] if last and w in r.offload else [])
+            done += ops
+            ctx.ops += ops
+        sched.phases[(s, st.mb, layer, "fwd")] = done
+        r.fwd_tail[u] = tail
+        if slot and is_offloaded(u, n_f) and costs.offload_bytes > 0:
+            op = ctx.add(g.add(mb_name("offload", st.mb), device=d, stream="d2h", kind="copy", phase="offload",
+                               layer=layer, work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="d2h",
+                               deps=tail, mem_start=(MemAction("host", mb_tensor(st.mb, f"L{layer}.offload"),
+                                                               costs.host_block_bytes),)))
+            r.offload[u] = op
+            sched.copies[(s, st.mb, layer, "offload")] = op
+        ctx.deps = tail
+
+    def _fwd_end(self, s: int, st: Step, ctx: "_StepCtx") -> list[Op]:
+        """A forward step's end: its send, or on the last virtual stage the head; the rank's new tail."""
+        g, sched, costs, sync, p = self.g, self.sched, self.costs, self.sync, self.p
+        r, d = self.ranks[s], self.devices[s].index
+        vs, rg, tail = ctx.vs, ctx.rg, ctx.deps
         last = rg[-1] if len(rg) else None  # the first chunk may hold the embedding alone
         if vs < self.n_vs - 1:
-            self.send("fwd", s, (vs + 1) % p, st.mb, vs, last, tail)
+            ctx.add(self.send("fwd", s, (vs + 1) % p, st.mb, vs, last, tail))
         else:
             head_deps = list(tail)
             if sync.mtp_gather > 0 and st.mb == 0:  # the modules' weights, as a layer's (once an iteration)
-                head_deps.append(g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
-                                       phase="weight_gather", layer=None, work=sync.mtp_gather,
-                                       deps=r.fwd_tail.get(r.u - 2, []), link=sync.link))
+                head_deps.append(ctx.add(g.add("allgather_weights", device=d, stream="dp_comm", kind="comm",
+                                               phase="weight_gather", layer=None, work=sync.mtp_gather,
+                                               deps=r.fwd_tail.get(r.u - 2, []), link=sync.link)))
             if sync.head_gather > 0 and st.mb == 0:  # the head's unit, kept (`memo_sim.cost.grad_sync`)
-                head_deps.append(g.add("allgather_head", device=d, stream="dp_comm", kind="comm",
-                                       phase="weight_gather", layer=None, work=sync.head_gather,
-                                       deps=r.fwd_tail.get(r.u - 2, []), link=sync.link))
+                head_deps.append(ctx.add(g.add("allgather_head", device=d, stream="dp_comm", kind="comm",
+                                               phase="weight_gather", layer=None, work=sync.head_gather,
+                                               deps=r.fwd_tail.get(r.u - 2, []), link=sync.link)))
             # the modules' activations stay from the head to the micro-batch's backward step (they run backward
             # first in it), one set per micro-batch in flight on the last chunk (interleaved: several)
             kept = ((MemAction("gpu", mb_tensor(st.mb, "mtp.kept"), costs.mtp_kept_bytes),)
                     if costs.mtp_kept_bytes > 0 else ())
-            cls = g.add(mb_name("classifier", st.mb), device=d, stream="compute", kind="compute", phase="classifier",
-                        layer=None, work=costs.classifier, deps=head_deps,
-                        mem_start=(MemAction("gpu", "classifier.working", costs.classifier_bytes),),
-                        mem_end=(MemAction("gpu", "classifier.working", -costs.classifier_bytes),) + kept)
+            cls = ctx.add(g.add(mb_name("classifier", st.mb), device=d, stream="compute", kind="compute",
+                                phase="classifier", layer=None, work=costs.classifier, deps=head_deps,
+                                mem_start=(MemAction("gpu", "classifier.working", costs.classifier_bytes),),
+                                mem_end=(MemAction("gpu", "classifier.working", -costs.classifier_bytes),) + kept))
             tail = [cls]
             self.fwd_done[(st.mb, vs)] = tail
             if self.head_bucket_early and st.mb == self.m - 1:  # the head's bucket, complete after its last pass
                 r.last_dp = g.add(self.grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync",
                                   layer=None, work=sync.head_grad + sync.mtp_grad, deps=tail, link=sync.link)
-        r.tail = tail
-        sched.forwards[(s, st.mb, st.chunk)] = g.ops[first]
+        if ctx.ops:
+            sched.forwards[(s, st.mb, st.chunk)] = ctx.ops[0]
+        return tail
 
-    def backward_step(self, s: int, st: Step) -> None:
-        g, sched, costs, sync, p, n_f = self.g, self.sched, self.costs, self.sync, self.p, self.n_f_of[s]
+    def _bwd_begin(self, s: int, st: Step) -> "_StepCtx":
+        """A backward step's start: the gradient it receives, or on the last virtual stage its head's end."""
+        vs = st.chunk * self.p + s
+        ctx = _StepCtx(vs, self.ranges[vs], list(self.ranks[s].tail))
+        ctx.deps += [self.send_b[(st.mb, vs + 1)]] if vs < self.n_vs - 1 else self.fwd_done[(st.mb, vs)]
+        ctx.before = list(ctx.deps)
+        return ctx
+
+    def _bwd_layer(self, s: int, st: Step, ctx: "_StepCtx", j: int, segments):
+        """Generator: the backward of the step's ``j``-th layer, one segment of ``segments`` per resumption (None:
+        the whole chain at once; a merged step's fourth segment, the delayed weight gradients, runs beside the
+        chain: its dispatch does not wait for it); its prefetch and recompute first, as `backward_step` lays them."""
+        g, sched, costs, sync, n_f = self.g, self.sched, self.costs, self.sync, self.n_f_of[s]
         held, working, rec_alloc = self.held, self.working, self.rec_alloc
         rec = self.stage_sets[self.stage_set[s]][0]["recompute"]
         r, d = self.ranks[s], self.devices[s].index
-        vs = st.chunk * p + s
-        rg = self.ranges[vs]
-        deps = list(r.tail)
-        deps += [self.send_b[(st.mb, vs + 1)]] if vs < self.n_vs - 1 else self.fwd_done[(st.mb, vs)]
-        tail = deps
-        first = len(g.ops)
-        for j in range(len(rg) - 1, -1, -1):
-            layer = rg[j]
-            u = r.unit_of[(st.mb, st.chunk, j)]
-            k = len(r.backward_order)
-            r.backward_order.append(u)
-            if u in r.offload:
-                # the rounding-buffer rule over the rank's backward units in order: the k-th unit's
-                # prefetch overwrites the slot the (k-2)-th unit's backward read last; none is
-                # issued before the step before its own backward step starts
-                after = list(r.prev_launch) + (r.bwd_end[r.backward_order[k - 2]] if k >= 2 else [])
-                pf = g.add(mb_name("prefetch", st.mb), device=d, stream="h2d", kind="copy", phase="prefetch", layer=layer,
-                           work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="h2d",
-                           deps=list(after) + [r.offload[u]],
-                           mem_end=(MemAction("host", mb_tensor(st.mb, f"L{layer}.offload"), -costs.host_block_bytes),))
-                sched.copies[(s, st.mb, layer, "prefetch")] = pf
-                deps = deps + [pf]
-            if rec and self.policy.recomputes_layer(u, n_f):
-                ops, tail = emit_chain(g, self.phase_costs("recompute", st.mb, layer, s), device=d, layer=layer,
-                                       phase="recompute", deps=deps, layout=self.shard_of(s), profile=self.profile,
-                                       mem_start=held(st.mb, layer, rec_alloc) + (working(st.mb, layer, "recompute"),),
-                                       mem_end=(working(st.mb, layer, "recompute", -1.0),))
-                sched.phases[(s, st.mb, layer, "recompute")] = ops
-                deps = tail
-            freed = held(st.mb, layer, rec_alloc + self.kept, -1.0)
-            ops, tail = emit_chain(g, self.phase_costs("bwd", st.mb, layer, s), device=d, layer=layer, phase="bwd",
-                                   deps=deps,
-                                   layout=self.shard_of(s), profile=self.profile, mem_start=(working(st.mb, layer, "bwd"),),
-                                   mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed)
-            sched.phases[(s, st.mb, layer, "bwd")] = ops
-            r.bwd_end[u] = tail
-            if st.mb == self.m - 1 and sync.active and sync.overlapped and not self.after_chunk:
-                r.last_dp = g.add(self.grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync",
-                                  layer=layer, work=sync.layer_grad, deps=tail, link=sync.link)
-            deps = tail
+        layer = ctx.rg[j]
+        deps = ctx.deps
+        u = r.unit_of[(st.mb, st.chunk, j)]
+        k = len(r.backward_order)
+        r.backward_order.append(u)
+        if u in r.offload:
+            # the rounding-buffer rule over the rank's backward units in order: the k-th unit's
+            # prefetch overwrites the slot the (k-2)-th unit's backward read last; none is
+            # issued before the step before its own backward step starts
+            after = list(r.prev_launch) + (r.bwd_end[r.backward_order[k - 2]] if k >= 2 else [])
+            pf = ctx.add(g.add(mb_name("prefetch", st.mb), device=d, stream="h2d", kind="copy", phase="prefetch",
+                               layer=layer, work=costs.offload_bytes, nbytes=costs.offload_bytes, direction="h2d",
+                               deps=list(after) + [r.offload[u]],
+                               mem_end=(MemAction("host", mb_tensor(st.mb, f"L{layer}.offload"),
+                                                  -costs.host_block_bytes),)))
+            sched.copies[(s, st.mb, layer, "prefetch")] = pf
+            deps = deps + [pf]
+        if rec and self.policy.recomputes_layer(u, n_f):
+            ops, deps = emit_chain(g, self.phase_costs("recompute", st.mb, layer, s), device=d, layer=layer,
+                                   phase="recompute", deps=deps, layout=self.shard_of(s), profile=self.profile,
+                                   mem_start=held(st.mb, layer, rec_alloc) + (working(st.mb, layer, "recompute"),),
+                                   mem_end=(working(st.mb, layer, "recompute", -1.0),))
+            sched.phases[(s, st.mb, layer, "recompute")] = ops
+            ctx.ops += ops
+        freed = held(st.mb, layer, rec_alloc + self.kept, -1.0)
+        parts = [self.phase_costs("bwd", st.mb, layer, s)] if segments is None else segments
+        side = 3 if segments is not None and len(parts) == 6 else -1  # the delayed weight gradients (`segments`)
+        done: list[Op] = []
+        tail, side_tail = deps, []
+        for k, part in enumerate(parts):
+            if k:
+                yield
+            last = k == len(parts) - 1
+            ops, out = emit_chain(g, part, device=d, layer=layer, phase="bwd",
+                                  deps=tail + (side_tail if last else []),
+                                  layout=self.shard_of(s), profile=self.profile,
+                                  mem_start=(working(st.mb, layer, "bwd"),) if k == 0 else (),
+                                  mem_end=(working(st.mb, layer, "bwd", -1.0),) + freed if last else ())
+            done += ops
+            ctx.ops += ops
+            if k == side:
+                side_tail = out
+            else:
+                tail = out
+        sched.phases[(s, st.mb, layer, "bwd")] = done
+        r.bwd_end[u] = tail
+        if st.mb == self.m - 1 and sync.active and sync.overlapped and not self.after_chunk:
+            r.last_dp = g.add(self.grad_op, device=d, stream="dp_comm", kind="comm", phase="grad_sync",
+                              layer=layer, work=sync.layer_grad, deps=tail, link=sync.link)
+        ctx.deps = tail
+
+    def _bwd_end(self, s: int, st: Step, ctx: "_StepCtx") -> list[Op]:
+        """A backward step's end: its buckets beside stages under FSDP, its send, or on virtual stage 0 the
+        embedding's backward; the rank's new tail."""
+        g, costs, sync, p = self.g, self.costs, self.sync, self.p
+        r, d = self.ranks[s], self.devices[s].index
+        vs, rg, tail = ctx.vs, ctx.rg, ctx.deps
         if st.mb == self.m - 1 and sync.active and sync.overlapped and self.after_chunk:
             # FSDP beside stages (`memo_sim.dp.fsdp`): the chunk's buckets after its last backward, not beside it
             for layer in reversed(rg):
@@ -694,11 +866,11 @@ class _MicrobatchBuilder:
         if vs > 0:
             self.send("bwd", s, (vs - 1) % p, st.mb, vs, rg[0] if len(rg) else None, tail)
         else:
-            tail = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="bwd", layer=None,
-                          work=costs.embedding_bwd, deps=tail)]
+            tail = [g.add(mb_name("embedding", st.mb), device=d, stream="compute", kind="compute", phase="bwd",
+                          layer=None, work=costs.embedding_bwd, deps=tail)]
         if vs == self.n_vs - 1 and costs.mtp_kept_bytes > 0:  # the modules' activations, freed as the step starts
-            self.free_mtp_kept(st.mb, g.ops[first:], deps)
-        r.tail = tail
+            self.free_mtp_kept(st.mb, ctx.ops, ctx.before)
+        return tail
 
     def free_mtp_kept(self, mb: int, ops: list, deps: list) -> None:
         """Free the modules' kept activations as the micro-batch's backward step starts: at its first compute op,
@@ -899,6 +1071,8 @@ def simulate_microbatch(name: str, order: Order, model: ModelConfig, layout: Lay
     micro-batches the short run stood for), else the whole schedule runs."""
     t0 = time.perf_counter()
     m = batch // micro_batch
+    if layout.ep_overlap:  # one more warm-up forward (`memo_sim.engine.schedules.ep_overlap`)
+        order = overlapped_order(order)
     costs = pipeline_costs(model, layout, micro_batch, seq, policy, profile)
     args = (costs, layout, profile, policy, model.layers, m, order)
     out = None
