@@ -68,7 +68,7 @@ def _whatif_request(run):
         first_stage_layers=run.first_stage_layers or None, last_stage_layers=run.last_stage_layers or None,
         chunk_layers=run.chunk_layers or None,
         ep=run.ep, etp=run.etp, moe_dispatcher=run.moe_dispatcher, moe_balance=run.moe_balance,
-        pp=run.pp, vpp=run.vpp if run.pp > 1 else None, micro_batch=run.micro_batch or run.global_batch // run.dp,
+        ep_overlap=run.ep_overlap, pp=run.pp, vpp=run.vpp if run.pp > 1 else None, micro_batch=run.micro_batch or run.global_batch // run.dp,
         global_batch=run.global_batch,
         policies=(run.policy,), schedules=(run.schedule() or "single_stage",), simulate_top=1, jobs=1)
 
@@ -253,7 +253,9 @@ def test_qwen3_rows_follow_the_model_zoo_launch_files():
         assert [len(c) for c in r.layout().virtual_stage_ranges(94)] == [2] + [3] * 30 + [2]
         assert not r.long_context
     assert q["a1-ep32"].policy == "recompute_norm_act" and q["a5-tp4"].policy == "store_all"
-    assert "--overlap-moe-expert-parallel-comm" in q["a2-ep32-a2a-overlap"].not_modelled
+    a2 = q["a2-ep32-a2a-overlap"]  # priced with the overlap since it is modelled (`Layout.ep_overlap`), a1 without
+    assert a2.layout().ep_overlap and not q["a1-ep32"].layout().ep_overlap
+    assert "--overlap-moe-expert-parallel-comm" in a2.config and "SMs" in a2.not_modelled
     a3 = q["a3-fsdp"]  # Megatron-FSDP: ZeRO 3 on one stage, 4 micro-batches of 4 (the table's MBS and GA)
     assert a3.why_not is None and (a3.zero, a3.pp, a3.micro_batch, a3.dp, a3.ep) == (3, 1, 4, 128, 8)
     assert all(q[k].moe_balance == "random" for k in ("a1-ep32", "a2-ep32-a2a-overlap", "a3-fsdp", "a4-pp32-alltoall",
