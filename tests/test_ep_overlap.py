@@ -41,25 +41,30 @@ def _sim(layout, batch=8, policy="store_all", **kw):
 @pytest.mark.parametrize("pp,vpp,m", [(2, 2, 2), (2, 4, 2), (2, 2, 4), (4, 2, 4), (4, 2, 8), (2, 4, 6)])
 def test_order_one_more_warmup_and_steady_pairs(pp, vpp, m):
     """Each rank keeps its forwards' and backwards' sequences, warms up one forward more than the schedule (at most
-    every forward: schedules.py's get_pp_rank_microbatches), and merges only the steady state's pairs; a rank whose
-    warm-up holds every forward merges none (the last warm-up forward before a backward is no pair: a deadlock
-    otherwise, pp 2, vpp 2, 2 micro-batches)."""
+    every forward: schedules.py's get_pp_rank_microbatches, then ``forward_k = k + num_warmup_microbatches`` beside
+    backward k), and merges only the steady state's pairs; a rank whose warm-up holds every forward merges none (the
+    last warm-up forward before a cool-down backward is no pair). A review found one warm-up forward too many: pp 2,
+    vpp 4, 4 micro-batches held [11, 9] chunks in flight where Megatron-LM holds [10, 8]."""
     ov = overlapped_order(interleaved)
     assert overlapped_order(ov) is ov  # asked twice (the runner and the builder): one transform
     for s in range(pp):
         base, steps = interleaved(pp, m, vpp, s), ov(pp, m, vpp, s)
         assert [x for x in steps if x.kind == "F"] == [x for x in base if x.kind == "F"]
         assert [x for x in steps if x.kind == "B"] == [x for x in base if x.kind == "B"]
-        w = next(i for i, x in enumerate(base) if x.kind == "B")
+        w = next(i for i, x in enumerate(base) if x.kind == "B") - 1  # the schedule's warm-up (then F, B, ...)
         w2 = next(i for i, x in enumerate(steps) if x.kind == "B")
         total = m * vpp
         pairs = merged_pairs(ov, pp, m, vpp, s)
         if w + 1 >= total:
             assert pairs == set() and w2 == total
         else:
-            assert w2 == w + 2  # one more warm-up forward, then the first steady forward before the first backward
+            assert w2 == w + 2  # w + 1 warm-up forwards, then the first steady forward before the first backward
             assert pairs == {w + 1 + 2 * i for i in range(total - w - 1)}
             assert all(steps[i].kind == "F" and steps[i + 1].kind == "B" for i in pairs)
+    if (pp, vpp, m) == (2, 4, 4):  # Megatron-LM's counts (the review's)
+        from memo_sim.engine.schedules.microbatch import stage_in_flight
+        assert stage_in_flight("interleaved_1f1b", pp, m, vpp, True) == [10, 8]
+        assert stage_in_flight("interleaved_1f1b", pp, m, vpp, False) == [9, 7]
     assert merged_pairs(interleaved, pp, m, vpp, 0) == set()  # a schedule's own order merges nothing
 
 
@@ -172,8 +177,17 @@ def test_search_runs_it_where_it_can():
     assert all(c.layout.vpp >= 2 for c in on)
     with pytest.raises(MemoError, match="does not overlap the EP all-to-alls"):
         candidates_for(TOY, SEQ, 32, PROFILE, framework="any", ep_overlap=True, pp=2)
-    with pytest.raises(MemoError, match="--ep 1 leaves it nothing"):
+    with pytest.raises(MemoError, match="it needs ep >= 2"):
         candidates_for(TOY, SEQ, 32, PROFILE, framework="megatron", ep_overlap=True, ep=1, pp=2)
+    # a fixed setting no candidate runs it beside: refused in one line, not dropped unsaid (a review)
+    for kw, words in ((dict(vpp=1, pp=2), "needs virtual stages"), (dict(pp=1), "which memo does not price"),
+                      (dict(moe_dispatcher="allgather"), "not allgather"), (dict(zero=2, pp=2), "ZeRO 0 or 1"),
+                      (dict(policies=("full_recompute",), pp=2), "disable full recomputation")):
+        with pytest.raises(MemoError, match=words):
+            candidates_for(TOY, SEQ, 32, PROFILE, framework="megatron", ep_overlap=True, **kw)
+    with pytest.raises(MemoError, match="at most one multi-token-prediction layer"):
+        candidates_for(replace(TOY, mtp_layers=2), SEQ, 32, PROFILE, framework="megatron", ep_overlap=True, pp=2)
+    assert res.searched["ep_overlap"] == (len(on), len(cands))
     dense = ModelConfig("dense", layers=8, hidden=1024, heads=8, ffn=2048, vocab=32000)
     with pytest.raises(MemoError, match="has none"):
         candidates_for(dense, SEQ, 32, PROFILE, framework="megatron", ep_overlap=True, pp=2)
@@ -199,6 +213,13 @@ def test_cli_whatif_and_export(tmp_path):
     args = _check_args(script, _names("megatron_options.txt"))
     assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=32" in script
+    assert "EP all-to-all overlap (--ep-overlap) on" in r.output  # the searched line says how many run it
+    # the gap to memo's own best (which runs no overlap) is put on the overlap, not on memo's layout (a review)
+    assert "ep_overlap False -> True" in r.output
+    for fw in ("torchtitan", "deepspeed"):  # the frameworks without it: a gap, and the nearest plan runs without
+        ex = run_sim(["export", out / "plan.json", "--to", fw, "--nearest", "--out", tmp_path / fw])
+        assert "EP all-to-all overlap" in ex.output and "the all-to-alls exposed" in ex.output, ex.output
+        assert "memo predicts the nearest plan" in ex.output and "could not price" not in ex.output, ex.output
     line = one_error_line(run_sim(["whatif", "--model", model, "--gpus", 32, "--seq", SEQ, "--profile", "h100-sxm5-80gb",
                                    "--ep-overlap", "--pp", 2, "--no-plan"], code=2))
     assert "--framework megatron" in line

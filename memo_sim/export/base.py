@@ -489,6 +489,19 @@ def framework_balance(plan: Plan, framework: str) -> str | None:
     return next(k for k in _BALANCE_NEAREST.get(bal.kind, ()) + ("dropless",) if k in fw.experts.balances)
 
 
+def ep_overlap_gap(plan: Plan, framework: str) -> list[Gap]:
+    """Megatron-Core's EP all-to-all overlap (`Layout.ep_overlap`) where the framework version has none: the
+    all-to-alls exposed, each micro-batch's steps apart, priced so (a review found the nearest plan kept it)."""
+    from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
+
+    experts = get_framework(framework).experts
+    if not plan.layout.ep_overlap or (experts is not None and experts.ep_overlap):
+        return []
+    return [Gap("Megatron-Core's EP all-to-all overlap (--overlap-moe-expert-parallel-comm, merged forward and "
+                "backward steps)", f"the all-to-alls exposed, each micro-batch's forward and backward apart ({framework} "
+                f"has no such overlap in memo's framework data)", PlanChange(layout={"ep_overlap": False}))]
+
+
 def balance_gap(plan: Plan, framework: str) -> list[Gap]:
     """Expert loads the framework version has no setting for: the nearest it runs instead, priced as that."""
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import shlex
 
-from memo_sim.export.base import alloc_env, alloc_gap
+from memo_sim.export.base import alloc_env, alloc_gap, ep_overlap_gap
 from memo_sim.export.base import (Export, Gap, NoNearest, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap,
                                   gemm_format_gap, interleave_gap, metp_gap, mtp_gap, nearest_batch, nearest_plan,
                                   rank_order_gap, rotary_gaps, not_modelled_gap, optimizer_offload_gap, policy_gaps,
@@ -150,7 +150,7 @@ def _layout_why_not(plan: Plan, lay, batch: int) -> str | None:
     """Why ``lay`` (tp 1: the TP and CP gaps' Ulysses) cannot run the plan's model as DeepSpeed runs it (its
     mechanisms: `Framework.adapt`, the K/V heads' rule among them), else None; stages are `_pipeline_gap`'s."""
     one = dataclasses.replace(get_framework(FRAMEWORK).adapt(lay), pp=1, vpp=1, first_stage_layers=0,
-                              last_stage_layers=0, chunk_layers=())
+                              last_stage_layers=0, chunk_layers=(), ep_overlap=False)  # its own gap (`ep_overlap_gap`)
     return check_layout(one, plan.model, one.gpus, max(one.gpus, 1), plan.seq_tokens, batch)
 
 
@@ -285,7 +285,8 @@ def _moe_layout_gaps(plan: Plan) -> list[Gap]:
     m, lay = plan.model, plan.layout
     if not m.moe:
         return []
-    out = balance_gap(plan, FRAMEWORK)  # forced or random loads: none of its settings
+    # forced or random loads: none of its settings; Megatron-Core's merged steps: none either
+    out = balance_gap(plan, FRAMEWORK) + ep_overlap_gap(plan, FRAMEWORK)
     if moe_why_not(m):
         return out
     if lay.etp > 1:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from memo_sim.export.base import alloc_env, alloc_gap
+from memo_sim.export.base import alloc_env, alloc_gap, ep_overlap_gap
 from memo_sim.export.base import (Export, Gap, PlanChange, balance_gap, gemm_format_gap, metp_gap, mtp_gap,
                                   rank_order_gap, nearest_batch, nearest_model, nearest_plan, not_modelled_gap,
                                   optimizer_offload_gap,
@@ -369,7 +369,7 @@ def gaps(plan: Plan) -> list[Gap]:
                                        "MTP, model_registry num_mtp_layers, runs without PP and CP only")
     if plan.layout.pp > 1 and pipeline_split(plan) is None and module_fqns(plan) is None:
         out += uneven_stages_gap(plan, "torchtitan (module_fqns_per_model_part)")
-    out += _dispatcher_gap(plan)
+    out += _dispatcher_gap(plan) + ep_overlap_gap(plan, FRAMEWORK)
     out += _microbatch_gap(plan, out) + alloc_gap(plan)
     if plan.layout.etp > 1:
         out.append(Gap(f"expert tensor parallelism over {plan.layout.etp} ranks", "experts whole on each EP rank "

@@ -808,6 +808,9 @@ def ep_overlap_why_not(layout: Layout, model: ModelConfig) -> str | None:
     if model.dtype not in ("bf16", "fp16"):
         return (f"ep_overlap (--ep-overlap) runs a bf16 or fp16 model (Megatron-Core asserts it), not {model.dtype}: "
                 f"turn it off")
+    if model.mtp_layers > 1:
+        return (f"ep_overlap (--ep-overlap) runs beside at most one multi-token-prediction layer (Megatron-Core "
+                f"asserts it), not {model.mtp_layers}: give --mtp-layers 1 or 0, or turn it off")
     if layout.ep < 2:
         return ("ep_overlap (--ep-overlap) overlaps the expert-parallel all-to-alls: it needs ep >= 2 (Megatron-Core "
                 "asserts 'only supported with expert model parallelism')")

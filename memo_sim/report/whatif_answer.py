@@ -548,6 +548,10 @@ def searched_words(searched: dict) -> str:
         words += "; no micro-batch pipelines (left out by --schedule, --pp 1 or the framework)"
     if searched.get("optimizer_offload"):
         words += f"; the optimizer on the host ({searched['optimizer_offload']})"
+    if searched.get("ep_overlap"):
+        on, of = searched["ep_overlap"]
+        words += (f"; EP all-to-all overlap (--ep-overlap) on {on:,} of the {of:,} pipeline candidates (the others, "
+                  f"1F1B without virtual stages, ZeRO 2 / 3 or a policy Megatron-Core refuses beside it, without)")
     if isinstance(searched.get("sppo"), str):
         words += f"; sppo {searched['sppo']}"
     return words

@@ -17,7 +17,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields, replace
 
-from memo_sim.layout.parallel import MAX_DEGREE, check_layout
+from memo_sim.layout.parallel import MAX_DEGREE, check_layout, with_ep_overlap
 from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import prices_model
 from memo_sim.model.config import ModelConfig, framework_field_moves
@@ -416,6 +416,8 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
 
         # the user's --alloc-conf on top, as the ranked plans have it (a review: "expandable_segments True -> False")
         lay = _adapter(lambda x: fw.adapt(x, req.profile), req.alloc_conf)(memo_best.layout)
+        if req.ep_overlap and memo_best.policy.ep_overlap_ok:  # the overlap asked for, where the layout runs it (a
+            lay = with_ep_overlap(lay, memo_best.model)  # review: the gap it makes was put on memo's layout and policy)
         why = framework_runs_why_not(fw, lay, memo_best, req)
         try:  # the model as the framework trains it too (its FP8 library's saved inputs and gathers, ...: a review
             # blamed memo's layout and policy for 0.98x where the two plans differed only there)
@@ -431,6 +433,8 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
                 memo_on_framework = {**simulate_variant(memo_best, lay, req.allocator_lag, model=fmodel),
                                      "layout_label": lay.label(),
                                      "mechanisms": mechanism_changes(memo_best.layout, lay, req.profile)
+                                     + (["ep_overlap False -> True"] if lay.ep_overlap > memo_best.layout.ep_overlap
+                                        else [])
                                      + _model_changes(memo_best.model, fmodel, memo_best.policy)}
             except MemoError:  # the plan is not one the simulator builds with those mechanisms: no split
                 memo_on_framework = None

@@ -36,7 +36,8 @@ from memo_sim.errors import MemoError, NothingFits
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
 from memo_sim.layout.alloc_conf import parse_alloc_conf
 from memo_sim.layout.moe_balance import measured_why_not, parse_balance
-from memo_sim.layout.parallel import ExpertChoice, Layout, default_reason, enumerate_layouts, offload_why_not
+from memo_sim.layout.parallel import (ExpertChoice, Layout, default_reason, enumerate_layouts, ep_overlap_why_not,
+                                      offload_why_not)
 from memo_sim.layout.pipeline_layout import OPTION as LAYOUT_OPTION
 from memo_sim.layout.ring_merge import whole_sequence_only
 from memo_sim.layout.schedule import SCHEDULE_NAMES, check_schedule, default_schedule, schedule_runs_policy
@@ -247,9 +248,16 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     experts = ExpertChoice(ep, etp, moe_dispatcher, moe_balance, ep_overlap)
     if ep_overlap and not model.moe:
         raise MemoError(f"--ep-overlap overlaps the experts' all-to-alls: model {model.name} has none (dense); drop it")
-    if ep_overlap and (ep == 1 or pp == 1):
-        raise MemoError(f"--ep-overlap runs beside expert parallelism in the interleaved pipeline schedule: "
-                        f"{'--ep 1' if ep == 1 else '--pp 1'} leaves it nothing to overlap; drop one of them")
+    if ep_overlap:  # a degree, dispatcher, data-parallel mode, dtype or policy given that no candidate runs it beside
+        # (a review: --vpp 1, --moe-dispatcher allgather, --dtype fp32 or --policy full_recompute dropped it unsaid)
+        probe = Layout(ep=ep or 2, pp=pp or 2, vpp=vpp or 2, zero=1 if zero is None else zero, moe=True,
+                       dp_mode=dp_mode if dp_mode in ("zero", "fsdp") else "zero", moe_dispatcher=moe_dispatcher,
+                       ep_overlap=True)
+        why = ep_overlap_why_not(probe, model)
+        if why is None and policies and all(policy_class(p).layout_why_not(probe) for p in policies if p != "sppo"):
+            why = next(policy_class(p).layout_why_not(probe) for p in policies if p != "sppo")
+        if why:  # each reason names --ep-overlap
+            raise MemoError(why)
     if not model.moe and ((ep or 1) > 1 or (etp or 1) > 1):
         raise MemoError(f"--ep / --etp spread experts: model {model.name} has none (dense); drop them, or choose a "
                         f"model with experts (memo-sim models lists them)")
@@ -511,6 +519,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         searched["pipeline"] = {"pp": what["pp"], "vpp": what["vpp"], "micro_batch": what["micro_batch"],
                                 "why": "asked for" if pipe_flags else "searched by default",
                                 "rank_orders": list(rank_orders)}
+        if ep_overlap:  # how many run it (`with_ep_overlap`: the others cannot, and run without)
+            searched["ep_overlap"] = (sum(c.layout.ep_overlap for c in pc), len(pc))
         if "not_built" in what:
             searched["pipeline"]["not_built"] = what["not_built"]
         state_why = what.get("state_why")  # every layout's model states alone overflow (`states_why_not`)

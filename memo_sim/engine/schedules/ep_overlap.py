@@ -96,12 +96,14 @@ def delay_weight_grads(mlp: list[OpCost]) -> tuple[list[OpCost], list[OpCost]]:
 
 def _split(order: Callable, pp: int, micro_batches: int, vpp: int, rank: int) -> tuple[list, list, int]:
     """A rank's forwards and backwards under ``order``, each in their own sequence, and its warm-up forwards with
-    the overlap's one more (at most every forward)."""
+    the overlap's one more (at most every forward): the schedule's warm-up is the forwards before its first
+    1F1B pair, so with one more the forwards before its first backward (a review: memo had counted the pair's
+    forward as warm-up too, one micro-batch more in flight and one merged step less than Megatron-LM)."""
     steps = order(pp, micro_batches, vpp, rank)
     fwd = [st for st in steps if st.kind == "F"]
     bwd = [st for st in steps if st.kind == "B"]
-    w = next((i for i, st in enumerate(steps) if st.kind == "B"), len(steps))  # the schedule's warm-up
-    return fwd, bwd, min(w + 1, len(fwd))
+    before_b = next((i for i, st in enumerate(steps) if st.kind == "B"), len(steps))  # the warm-up and one more
+    return fwd, bwd, min(before_b, len(fwd))
 
 
 def with_extra_warmup(order: Callable) -> Callable:
@@ -141,8 +143,8 @@ def overlapped_order(order: Callable) -> Callable:
 def merged_pairs(order: Callable, pp: int, micro_batches: int, vpp: int, rank: int) -> set[int]:
     """The positions ``i`` of rank ``rank``'s steps under ``order`` (an `overlapped_order`) whose forward step runs
     merged with the backward step at ``i + 1``: the steady state's, after the warm-up (Megatron-Core merges the 1F1B
-    loop's steps alone: where the warm-up holds every forward there is none, and the last warm-up forward before the
-    first cool-down backward is not one)."""
+    loop's steps alone, ``forward_k = k + num_warmup_microbatches`` beside backward k: where the warm-up holds every
+    forward there is none, and the last warm-up forward before the first cool-down backward is not one)."""
     base = getattr(order, "base", None)
     if base is None:
         return set()
