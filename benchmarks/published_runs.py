@@ -1667,7 +1667,7 @@ STEPS = (
      "(`Layout.ep_overlap`, memo_sim/engine/schedules/ep_overlap.py, read in Megatron-LM at d98e8a64): one more "
      "warm-up forward, each steady-state forward merged with the backward after it, each layer pair's dispatch and "
      "combine beside the other micro-batch's compute: the Model Zoo's a2 row, which ran it and which memo had run as "
-     "a1 with its all-to-all exposed, -3.0% to -29.5% (memo's overlap hides the cross-node DeepEP dispatch and "
+     "a1 with its all-to-all exposed, -3.0% to -30.0% (memo's overlap hides the cross-node DeepEP dispatch and "
      "combine, 38% of a layer, where the cluster's gained 1.12x over a1: the all-to-all kernels' SMs and a1's host "
      "issuing, named in the row, are not priced), every other row unchanged: dense 39 predicted at 12.9% / 30.9%, "
      "long-context 20 at 16.5% / 30.9%, the FP8 rows 12 at 19.5% / 29.7%, the MoE group 18 at 20.9% / 47.1%"),
