@@ -185,6 +185,8 @@ def test_search_runs_it_where_it_can():
                       (dict(policies=("full_recompute",), pp=2), "disable full recomputation")):
         with pytest.raises(MemoError, match=words):
             candidates_for(TOY, SEQ, 32, PROFILE, framework="megatron", ep_overlap=True, **kw)
+    candidates_for(TOY, SEQ, 32, PROFILE, framework="megatron", ep_overlap=True, pp=2, tp=2, ep=8, global_batch=32,
+                   policies=("store_all", "full_recompute"))  # one policy runs it: searched, the other without
     with pytest.raises(MemoError, match="at most one multi-token-prediction layer"):
         candidates_for(replace(TOY, mtp_layers=2), SEQ, 32, PROFILE, framework="megatron", ep_overlap=True, pp=2)
     assert res.searched["ep_overlap"] == (len(on), len(cands))

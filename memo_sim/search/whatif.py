@@ -254,8 +254,9 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                        dp_mode=dp_mode if dp_mode in ("zero", "fsdp") else "zero", moe_dispatcher=moe_dispatcher,
                        ep_overlap=True)
         why = ep_overlap_why_not(probe, model)
-        if why is None and policies and all(policy_class(p).layout_why_not(probe) for p in policies if p != "sppo"):
-            why = next(policy_class(p).layout_why_not(probe) for p in policies if p != "sppo")
+        asked = [policy_class(p).layout_why_not(probe) for p in (policies or ()) if p != "sppo"]
+        if why is None and asked and all(asked):  # every policy asked for refuses it (SPPO alone: its own search)
+            why = asked[0]
         if why:  # each reason names --ep-overlap
             raise MemoError(why)
     if not model.moe and ((ep or 1) > 1 or (etp or 1) > 1):
