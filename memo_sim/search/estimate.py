@@ -29,7 +29,10 @@ from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.param_split import model_gpu_params
 from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.transfer import host_bandwidth_per_gpu, host_copy_time
-from memo_sim.engine.schedules.ep_overlap import delay_weight_grads, pair_seconds, split_layer
+from memo_sim.engine.schedules.ep_overlap import (
+    delay_weight_grads, merged_pairs, overlapped_order, pair_seconds, split_layer,
+)
+from memo_sim.engine.schedules.microbatch import pipeline_order
 from memo_sim.cost.sppo import stage_split_key
 from memo_sim.layout.parallel import Layout, distinct_shards, stage_shard, stage_shards
 from memo_sim.memplan.trace_gen import per_gpu_shard
@@ -297,11 +300,11 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
     hops, serial, opt = _stage_terms(model, layout, micro_batch, seq, profile)
     top = max(work)
     pipe = (m - 1) * top + sum(work) / v + (1 - 1 / v) * top + hops
-    if layout.ep_overlap:  # the merged steps' saving on the fullest stage: its steady-state chunk steps after rank
-        # 0's warm-up, one forward more (`memo_sim.engine.schedules.ep_overlap`), each of its chunk's layers
-        warm = min(m * v, (p - 1) * 2 + (v - 1) * p + 1)
+    if layout.ep_overlap:  # the merged steps' saving on the fullest stage: rank 0's merged steps, as the schedule's
+        # order gives them (`memo_sim.engine.schedules.ep_overlap.merged_pairs`), each of its chunk's layers
+        merged = len(merged_pairs(overlapped_order(pipeline_order("interleaved_1f1b")), p, m, v, 0))
         saved = max(ep_overlap_times(model, sh, micro_batch, seq, profile)[0] for sh in own)
-        pipe -= (m * v - warm) * (per / v) * saved
+        pipe -= merged * (per / v) * saved
     sync = stage_grad_sync(model, layout, profile)
     # overlapped: the last bucket (FSDP beside stages: the last chunk's, after its backward); serial
     # (``grad_overlap`` off): the slowest stage's whole reduction
