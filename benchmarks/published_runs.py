@@ -715,9 +715,9 @@ MOE_RUNS: tuple[Run, ...] = (
                "stated (run_235b.sh's H100 baseline line is this layout with A2A_OVERLAP=1 and forced balance)", 276,
                stated_step=17.6, ep_overlap=True,
                variants=_EQUAL + (("the all-to-all exposed (a1's run, no EP overlap)", (("ep_overlap", False),)),),
-               not_modelled="the SMs the all-to-all kernels take from the compute beside them under the EP overlap "
-               "(memo's kernels keep their speed beside a collective: memo_sim/engine/schedules/ep_overlap.py); "
-               + _FORCED_ASSUMED),
+               not_modelled="the wave quantisation and HBM traffic of the all-to-all kernels beside the compute under "
+               "the EP overlap (the 20 SMs Megatron-LM gives DeepEP are taken from the kernels beside them since "
+               "2026-12-03: memo_sim/cost/comm_sms.py); " + _FORCED_ASSUMED),
     _zoo_qwen3("a3-fsdp", "Qwen3-235B-A22B, 256 H100, TP 2 x DP 128 (Megatron FSDP), EP 8, EDP 32, MBS 4, GBS 2048, "
                "s=4096, BF16, DeepEP, full recompute; code 1e057005", 276,
                stated_step=17.6, tp=2, pp=1, vpp=1, ep=8, policy="full_recompute", zero=3, micro_batch=4,
@@ -853,7 +853,7 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "cluster; memo, which leaves the all-to-all exposed here, lands near a2's time (and prices a2's overlap since "
         "2026-12-03: that row). " + _HOST_BOUND),
     "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": lambda r: (
-        "memo too fast: the EP overlap priced at its best, on top of a1's gap. memo merges each steady-state forward "
+        "memo too fast: the EP overlap priced near its best, on top of a1's gap. memo merges each steady-state forward "
         "with the backward after it as Megatron-Core's combined 1F1B does (one more warm-up forward, each layer pair's "
         "dispatch and combine on the communication stream beside the other micro-batch's attention and experts, the "
         "experts' weight gradients after the dispatch's backward: memo_sim/engine/schedules/ep_overlap.py, read in "
@@ -861,11 +861,13 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         f"{_share(r.run, 'dispatch', 'combine')} of a layer alone"
         + _beside(r, "the all-to-all exposed (a1's run, no EP overlap)",
                   lambda v: f": {r.predicted_s:.3f} s against {v:.3f} s with it exposed ({v / r.predicted_s:.2f}x)")
-        + "; the cluster measured 1.12x between a1 (19.7 s) and this row (17.6 s). What memo's overlap gets that the "
-        "cluster's does not: the SMs the all-to-all kernels hold while the other micro-batch computes beside them "
-        "(memo's kernels keep their whole speed beside a collective), and a GPU kept busy by its host: where the "
-        "host cannot issue the kernels as fast as they run (a1's gap, measured below), hiding a collective saves "
-        "less than its time. Both are named and not priced; no constant is set from this row. " + _HOST_BOUND),
+        + "; the cluster measured 1.12x between a1 (19.7 s) and this row (17.6 s). The 20 SMs the DeepEP kernels "
+        "hold while the other micro-batch computes beside them are priced (the kernels beside them run on the "
+        "other 112 of 132: memo_sim/cost/comm_sms.py; -30.0% before). What memo's overlap still gets that the "
+        "cluster's does not: the wave quantisation those SMs cause mid-kernel and their HBM traffic, and a GPU kept "
+        "busy by its host: where the host cannot issue the kernels as fast as they run (a1's gap, measured below), "
+        "hiding a collective saves less than its time. These are named and not priced; no constant is set from "
+        "this row. " + _HOST_BOUND),
     "moe-zoo-qwen3-235b-a3-fsdp": (
         "memo too slow: the data-parallel collectives it prices exposed. Megatron-FSDP (memo's ZeRO 3, as "
         "custom_fsdp at 1e05700595 runs it) all-gathers each layer's weights before its forward and again before "
@@ -1052,16 +1054,22 @@ def _xt_memory(extra: str, attn: str) -> Callable[[Result], str]:
     return lambda r: _XT_MEMORY_TEXT.format(peak=_peak_words(r), replay=_replay_words(r), extra=extra, attn=attn,
                                             small=_other_peak("xtuner-llama2-7b-256k-sp8"))
 OUTLIERS.update({
-    "xtuner-llama2-70b-32k-sp4": (
-        "memo too slow: the ZeRO-3 collectives it leaves exposed. memo's compute of a micro-batch (forward 6.5 s, "
-        "recompute 6.5 s, backward 14.6 s: 27.6 s) alone is the measured 27.2 s iteration; memo adds about 5 s a "
-        "micro-batch for the 70B weights gathered for the forward, the recompute and the backward and the bf16 "
-        "gradients reduce-scattered (every micro-batch, as DeepSpeed ZeRO-3 does at GAS 4) over 4 nodes at the "
-        "profile's 12.5 GB/s per GPU (4 HDR cards per node). The interconnect is not stated: with Selene's 8 HDR "
-        "cards per node ('dgx-a100-selene') memo is at +2.0%. Before the deepspeed framework data ran bf16 with "
-        "DeepSpeed's 16-bit gradients (its engine's default) memo reduced fp32 gradients here and was +57.7%; the "
-        "'megatron recipe' variant beside the row shows it. The row is comm-bound only in memo: the cluster hid "
-        "nearly all of it behind the compute"),
+    "xtuner-llama2-70b-32k-sp4": lambda r: (
+        "memo too slow: the ZeRO-3 collectives, exposed and beside the compute. memo's compute of a micro-batch "
+        "(forward 6.5 s, recompute 6.5 s, backward 14.6 s: 27.6 s) alone is the measured 27.2 s iteration; the 70B "
+        "weights gathered for the forward, the recompute and the backward and the bf16 gradients reduce-scattered "
+        "(every micro-batch, as DeepSpeed ZeRO-3 does at GAS 4) over 4 nodes at the profile's 12.5 GB/s per GPU (4 HDR "
+        "cards per node) take about as long as that compute: memo leaves part of them exposed and, since 2026-12-03, "
+        "runs the kernels beside the hidden rest on the 84 of 108 SMs NCCL's 24 channels leave them "
+        f"(memo_sim/cost/comm_sms.py; +18.6% before), {r.predicted_s / 4 - 27.6:.1f} s a micro-batch above the compute "
+        "in all. The interconnect is not stated"
+        + _beside(r, "8 HDR per node (dgx-a100-selene)",
+                  lambda v: f": with Selene's 8 HDR cards per node memo is at {100 * (v / r.run.published_s - 1):+.1f}% "
+                            "(+2.0% before the SMs were priced)")
+        + ". Before the deepspeed framework data ran bf16 with DeepSpeed's 16-bit gradients (its engine's default) "
+        "memo reduced fp32 gradients here and was +57.7%; the 'megatron recipe' variant beside the row shows it. The "
+        "row is comm-bound only in memo: the cluster hid nearly all of it behind the compute, which points to a "
+        "network faster than either profile's (the source states none)"),
     "xtuner-llama2-7b-1m-sp16": lambda r, _t=(
         "memo too fast; not pinned down. Attention is 95% of memo's layer (2 heads per GPU over the whole 1M-token "
         "sequence; the Ulysses all-to-alls across the 2 nodes of SP 16 are 3% of the forward and 1% of the backward, "
@@ -1416,6 +1424,31 @@ HISTORY = (
     ("58d67fb", "2026-12-03", "before Megatron-Core's EP all-to-all overlap (--overlap-moe-expert-parallel-comm, "
      "`Layout.ep_overlap`) was priced: the a2 row ran as a1, its all-to-all exposed",
      {"moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.030}),
+    ("6be77b7", "2026-12-03", "before the SMs a communication kernel holds were taken from the kernels beside it "
+     "(`memo_sim.cost.comm_sms`: NCCL's channels, gpu.comm_sms 24 of 108 A100 / 132 Hopper SMs, 16 on the A800; "
+     "DeepEP's 20; memo's kernels kept their whole speed beside a collective)",
+     {"korthikanti-22B-selective": -0.036, "korthikanti-175B-full": -0.022, "korthikanti-175B-selective": -0.066,
+      "korthikanti-530B-full": -0.012, "korthikanti-530B-selective": -0.066, "korthikanti-1T-full": 0.010,
+      "korthikanti-1T-selective": -0.014, "megatron2024-1.7B": -0.154, "megatron2024-7.1B": -0.154,
+      "megatron2024-16B": -0.095, "megatron2024-32B": -0.048, "torchtitan-t1-fsdp-compile": -0.134,
+      "torchtitan-t3-fsdp128-compile": -0.126, "torchtitan-t2-cp1": -0.134, "torchtitan-t2-cp2": -0.028,
+      "torchtitan-t2-cp4": -0.269, "torchtitan-t2-cp8": -0.297, "torchtitan-t4-2d": -0.169,
+      "torchtitan-t4-2d-asynctp": -0.222, "torchtitan-t5-1f1b": -0.185, "torchtitan-t5-interleaved": -0.211,
+      "torchtitan-t6-cp1": -0.148, "torchtitan-t6-cp2": -0.222, "torchtitan-t6-cp4": -0.193,
+      "torchtitan-t6-cp8": -0.256, "xtuner-llama2-7b-32k-sp1": -0.046, "xtuner-llama2-7b-128k-sp8": -0.046,
+      "xtuner-yi-34b-32k-sp2": -0.092, "xtuner-yi-34b-128k-sp8": -0.070, "xtuner-yi-34b-256k-sp8": -0.267,
+      "xtuner-llama2-70b-32k-sp4": 0.186, "xtuner-llama2-70b-128k-sp8": -0.103,
+      "xtuner-llama2-70b-256k-sp16": -0.309, "xtuner-llama2-70b-1m-sp64": -0.258,
+      "xtuner-yi-34b-128k-sp8-16gpu": -0.160, "moe-folding-mixtral-8x22b": 0.053, "moe-folding-qwen2-57b": -0.077,
+      "moe-flagperf-mixtral-8x7b": -0.425, "moe-zoo-qwen3-235b-a1-ep32": -0.133,
+      "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.300, "moe-zoo-qwen3-235b-a3-fsdp": 0.279,
+      "moe-zoo-qwen3-235b-a4-pp32-alltoall": -0.283, "moe-zoo-qwen3-235b-a5-tp4": -0.471,
+      "moe-zoo-qwen3-235b-long-16k-forced": -0.138, "moe-zoo-qwen3-235b-long-16k-dropless": -0.308,
+      "moe-zoo-qwen3-235b-long-32k-forced": -0.117, "moe-zoo-qwen3-235b-long-32k-dropless": -0.270,
+      "moe-zoo-qwen3-235b-long-64k-forced": -0.096, "moe-zoo-qwen3-235b-long-64k-dropless": -0.214,
+      "moe-zoo-qwen3-235b-long-128k-forced": -0.078, "moe-zoo-qwen3-235b-long-128k-dropless": -0.154,
+      "moe-zoo-mixtral-8x22b-dropless": -0.138, "moe-zoo-mixtral-8x22b-forced": -0.099,
+      "moe-zoo-mixtral-8x22b-fp8-forced": -0.206, "moe-zoo-mixtral-8x22b-capacity1": -0.108}),
 )
 
 
@@ -1671,6 +1704,15 @@ STEPS = (
      "combine, 38% of a layer, where the cluster's gained 1.12x over a1: the all-to-all kernels' SMs and a1's host "
      "issuing, named in the row, are not priced), every other row unchanged: dense 39 predicted at 12.9% / 30.9%, "
      "long-context 20 at 16.5% / 30.9%, the FP8 rows 12 at 19.5% / 29.7%, the MoE group 18 at 20.9% / 47.1%"),
+    ("SMs held by communication", "a kernel beside a communication kernel runs on the SMs it leaves "
+     "(`memo_sim.cost.comm_sms`; the profiles' gpu.sm_count and gpu.comm_sms: NCCL's 24 channels of 108 A100 and "
+     "132 Hopper SMs from public NCCL logs, 16 on the A800; DeepEP's 20 as Megatron-LM sets them): every row whose "
+     "collectives run beside its layers slower, 57 rows by 0.2-17 points, most too fast before (Megatron-LM's 2024 "
+     "H100 rows -15.4% to -8.8% at 1.7B and -4.8% to +4.0% at 32B with their overlapped distributed optimizer over "
+     "48 DP ranks; torchtitan-t3-fsdp128-compile -12.6% to -3.2%; the a2 row -30.0% to -25.5%), one too slow further "
+     "(xtuner-llama2-70b-32k-sp4 +18.6% to +35.6%, its ZeRO-3 traffic as long as its compute on the profile's 4 HDR "
+     "cards per node): dense 39 predicted at 11.2% / 35.6%, long-context 20 at 15.3% / 35.6%, the FP8 rows 12 at "
+     "17.8% / 29.3%, the MoE group 18 at 20.1% / 46.6%"),
 )
 
 

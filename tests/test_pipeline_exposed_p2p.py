@@ -22,8 +22,9 @@ def test_exposed_p2p_is_the_transfers_part_explain_names(schedule, vpp):
         if vpp == 1:
             assert st["transfer_wait_s"] == pytest.approx(named, rel=1e-9, abs=1e-12)
         else:  # a wait on a transfer and a TP collective at once: explain gives it to the one that ends last, the
-            # exposed time only the part no other dependency covers (0.13 of 0.30 ms on two ops of 8 x 32 layers)
-            assert 0.9 * named <= st["transfer_wait_s"] <= named + 1e-12
+            # exposed time only the part no other dependency covers (0.13 of 0.30 ms on two ops of 8 x 32 layers; 0.52
+            # of 4.88 ms on one stage since the SMs the collectives hold slow the kernels beside them, 2026-12-03)
+            assert 0.85 * named <= st["transfer_wait_s"] <= named + 1e-12
         peer = tb.waits_by_cause_s.get("peer_stage", 0.0)
         assert st["stage_wait_s"] >= st["transfer_wait_s"] and peer > st["transfer_wait_s"]  # the fill dominates
     assert pipe["exposed_p2p_s"] == max(st["transfer_wait_s"] for st in stages)

@@ -82,8 +82,20 @@ def _whatif_vs_benchmark(run):
     best = ans.best
     assert best is not None and best.simulated is not None, ans.advice
     assert best.model.recipe == run.model().recipe  # the framework's recipe, applied by the what-if itself
+    lay = run.layout()
+    if _fsdp_variant(best.layout) != _fsdp_variant(lay):
+        # the what-if's best keeps FSDP's gathered weights to the backward where the row reshards them (torchtitan's
+        # default; the what-if has no flag to fix it): since the SMs the gathers hold are priced (2026-12-03) one
+        # gather fewer a layer runs 0.03% faster. The row's own plan, simulated among every candidate, is the number
+        assert best.simulated["iteration_s"] <= bench.predicted_s
+        ans = api.whatif(dataclasses.replace(_whatif_request(run), simulate_top="all"))
+        best = next(c for c in ans.result.candidates if c.simulated and _fsdp_variant(c.layout) == _fsdp_variant(lay))
     assert best.simulated["iteration_s"] == pytest.approx(bench.predicted_s, rel=1e-9), (run.id, best.simulated["iteration_s"],
                                                                                  bench.predicted_s)
+
+
+def _fsdp_variant(lay) -> tuple:
+    return (lay.dp_mode, lay.reshard_after_forward if lay.dp_mode == "fsdp" else None)
 
 
 @pytest.mark.parametrize("rid", ["megatron2021-1.7B", "megatron2024-1.7B", "korthikanti-22B-selective",

@@ -52,15 +52,19 @@ def simulated_all():
 def test_the_bound_search_says_what_simulating_every_plan_says(monkeypatch, simulated_all):
     monkeypatch.setattr(sens, "PERTURBATIONS", NETWORK)
     bound, every = _line(), simulated_all[1]  # simulated_all[1]: the line of `_line("--simulate-top", "all")`
-    assert "changes with network bandwidth +50% -> tp1-uly2-dp4-z2-cudnn store_all" in every
+    # (z1 since the SMs NCCL holds beside the layers are priced, 2026-12-03: z2 before)
+    assert "network bandwidth +50% -> tp1-uly2-dp4-z1-cudnn store_all" in every and "changes with" in every
     assert bound.split(": ", 1)[1] == every.split(": ", 1)[1]  # the verdict alike (the count of plans aside)
 
 
 def test_a_challenger_left_unsimulated_makes_it_may_change(monkeypatch):
     monkeypatch.setattr(sens, "CHALLENGERS", 0)
     monkeypatch.setattr(sens, "PERTURBATIONS", NETWORK)
-    line = _line()
-    assert "may change with network bandwidth +50% (to tp1-uly2-dp4-z" in line and ", not simulated" in line
+    # --simulate-top 1: since the SMs NCCL holds beside the layers are priced (2026-12-03) the default search
+    # simulates the challenger (tp1-uly2-dp4-z1 store_all) itself
+    line = _line("--simulate-top", "1")
+    assert "may change with" in line and "network bandwidth +50% (to tp1-uly2-dp4-z" in line
+    assert ", not simulated" in line
     assert "stays best with" in line and "network bandwidth ±50%" not in line
 
 
@@ -78,12 +82,12 @@ def test_the_metp_verdict_says_where_a_sides_best_was_not_built():
     """A review: under the bound search METP's best plan (tp2+metp_ffn-pp2v4-dp4-z1, 2,841 tokens/GPU/s simulated)
     lay in a pipeline family the search never built, so the verdict compared a METP plan at 2,720 as its best. The
     line says so where an unbuilt family's proved bound is above the plan it compares for that side."""
-    # --zero 1 (the stage of both sides' best plans) halves the exhaustive search and keeps the case: the bound
-    # search compares tp8+metp_ffn-dp2-z1 (2,709) under an unbuilt family's bound (3,030), and --simulate-top all
-    # finds the review's tp2+metp_ffn-pp2v4-dp4-z1 at 2,841 as METP's best; --cp 1 --ulysses 1 (no plan named in
-    # either line splits the sequence) leave both lines word for word as without them (2026-12-02: Megatron TP's side
-    # tp2+sp-pp2v4-dp4-z1 at 3,163 under its unbuilt family's 3,217 too) and the exhaustive search a third as long
-    args = ["whatif", "--model", "llama-3.1-70b", "--layers", "8", "--seq", "8K", "--gpus", "16", "--profile",
+    # --zero 1 (the stage of both sides' best plans) halves the exhaustive search and keeps the case, --cp 1 --ulysses 1
+    # (no plan named in either line splits the sequence) shorten it further. At 16K since the SMs NCCL holds beside
+    # the layers are priced (2026-12-03; at 8K the bound search now builds METP's best family itself): the bound
+    # search compares tp4+metp_ffn-dp4-z1 (2,657 tokens/GPU/s) under an unbuilt family's bound, and --simulate-top all
+    # finds tp2+metp_ffn-pp2v4-dp4-z1 at 2,703 as METP's best
+    args = ["whatif", "--model", "llama-3.1-70b", "--layers", "8", "--seq", "16K", "--gpus", "16", "--profile",
             "a100-sxm4-80gb", "--zero", "1", "--cp", "1", "--ulysses", "1", "--no-plan", "--jobs", "1"]
     r = CliRunner().invoke(cli, args)
     line = next(ln for ln in r.output.splitlines() if ln.startswith("METP vs Megatron TP"))

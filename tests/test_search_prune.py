@@ -206,7 +206,9 @@ def test_equal_throughput_ranks_by_lower_peak():
         if a["simulated_tgs_tokens_per_gpu_s"] == b["simulated_tgs_tokens_per_gpu_s"]:
             ties += 1
             assert a["peak"]["bytes"] <= b["peak"]["bytes"], (a["layout"], b["layout"])
-    assert ties >= 1 and rows[0]["layout"] == "tp1-uly4-dp2-z3"
+    # (ZeRO 3 tied ZeRO 2 until the SMs its hidden gathers hold were priced, 2026-12-03: now 0.01% behind it; the ties
+    # left are MEMO's plan beside full offload where both offload every layer)
+    assert ties >= 1 and rows[0]["layout"] == "tp1-uly4-dp2-z2"
 
 
 def test_pipeline_families_below_the_best_simulated_are_not_built():

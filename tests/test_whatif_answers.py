@@ -95,8 +95,10 @@ def test_a_host_bound_memo_answer_says_why_the_free_gpu_memory_does_not_raise_al
     from pathlib import Path
 
     cfg = Path(__file__).parent / "data" / "hf" / "qwen3-30b-a3b" / "config.json"
+    # --zero 3: the reviews' answer (since the SMs its hidden gathers hold were priced, 2026-12-03, ZeRO 2 runs 0.4%
+    # faster and answers with less of the GPU free)
     d = _json(["--model", str(cfg), "--gpus", "16", "--seq", "128K", "--profile", "h200-141gb", "--policy", "memo",
-               "--tp", "1"])
+               "--tp", "1", "--zero", "3"])
     best = d["candidates"][0]
     assert best["layout"].startswith("tp1-dp16") and "host memory full" in best["binding"], best["binding"]
     assert "free, which does not raise alpha" in best["binding"] and "a full host is by design" in best["binding"]

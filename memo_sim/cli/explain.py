@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import click
 
+from memo_sim.cost import comm_sms
 from memo_sim.errors import PlanError
 from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
 from memo_sim.layout.parallel import stage_first_rank, stage_shards
@@ -77,7 +78,7 @@ def explain(plan_file, out_format, as_json):
             **({"mtp_s_per_micro_batch": mtp} if mtp else {}),
             "time_breakdown_s": [{"device": t.device, "iteration_s": t.iteration_s, "busy": t.busy_s,
                                   "waits": t.waits_s, "busy_by_phase": t.busy_by_phase_s,
-                                  "waits_by_cause": t.waits_by_cause_s} for t in times],
+                                  "waits_by_cause": t.waits_by_cause_s, "slowed_s": t.slowed_s} for t in times],
             **memory_json(plan, res, mem, peaks), "binding": binding,
             "failure": res.failure.message() if res.failure is not None else None}, indent=1))
         return
@@ -101,6 +102,9 @@ def explain(plan_file, out_format, as_json):
             where = (f"stage {k}'s GPU (the first replica's ranks {first}-{first + stride - 1}" if stride > 1
                      else f"stage {k}'s GPU (the first replica's rank {first}") + ")"
         a.table(["", "seconds", "share"], rows, title=f"\ntime on {where}'s compute stream (simulated):")
+        if t.slowed_s > 1e-9 * t.iteration_s:
+            a.line(f"of the busy time, {fmt_time(t.slowed_s)} ({100 * t.slowed_s / t.iteration_s:.1f}% of the iteration) "
+                   f"is kernels slowed {slowed_words(profile)}")
     if mtp:
         n = plan.model.mtp_layers
         a.line(f"classifier: the {modules_words(n, 'multi-token-prediction')} included, "
@@ -114,6 +118,15 @@ def explain(plan_file, out_format, as_json):
                                                                       f"activations" if split.states_of else "") + "):")
     add_memory_part(a, plan, res, mem, peaks)
     emit(a, resolve_format(out_format, False))
+
+
+def slowed_words(profile) -> str:
+    """What slows a kernel beside other work on this profile, in words (`memo_sim.cost.comm_sms`)."""
+    copies = "by host copies sharing the GPU's memory bandwidth"
+    if not comm_sms.priced(profile):
+        return copies + " (the profile gives no gpu.sm_count / comm_sms: SMs held by communication not priced)"
+    return (f"beside communication kernels holding SMs (an NCCL kernel {float(profile.gpu.comm_sms):g} of the "
+            f"{float(profile.gpu.sm_count):g}) or {copies}")
 
 
 def mtp_share(plan, profile) -> float:

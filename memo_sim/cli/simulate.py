@@ -160,7 +160,8 @@ def _time_the_replay_oom(r, profile, classifier_chunk_tokens: int) -> None:
 @click.option("--layers", "layers_text", default=None, help=LAYERS_HELP)
 @click.option("--profile", "profile_override", default=None,
               help="Hardware profile name or file (default: the plan's profile).")
-@click.option("--no-contention", is_flag=True, help="Give every op its stand-alone time: no link shared, no kernel slowed by copies (the analytic "
+@click.option("--no-contention", is_flag=True, help="Give every op its stand-alone time: no link shared, no kernel slowed by copies or by "
+                   "communication kernels holding SMs (the analytic "
                    "model's assumptions); the iteration is the op graph's critical path, schedule included, which "
                    "for a pipeline can differ from the what-if's analytic estimate (stage sums and a bubble).")
 @click.option("--allocator-lag", default=0, show_default=True, type=click.IntRange(0, 64),

@@ -33,9 +33,9 @@ collective's transpose over the same bytes. Expert ranks order ETP innermost, th
 Group-limited routing (``router_groups`` / ``router_group_topk``: DeepSeek-V3 takes a token's 8 experts from
 its best 4 of 8 groups) bounds the nodes a token reaches where the groups fall on whole nodes (each node
 holding whole groups) and the ranks it reaches where they fall on whole ranks: the deduplicated all-to-all sends
-it to fewer of them (`nodes_hit`); a plain all-to-all moves every routed copy either way. Not modelled: DeepEP's
-fewer SMs (and the SMs any collective takes from compute running beside it), DeepEP's own overlap hooks, FP8
-dispatch, token dropping's savings below capacity, the routing map and probabilities the all-gather
+it to fewer of them (`nodes_hit`); a plain all-to-all moves every routed copy either way. The SMs a dispatcher's
+kernels hold from the compute beside them are the event simulator's (`memo_sim.cost.comm_sms`: NCCL's channels,
+DeepEP's 20). Not modelled: DeepEP's own overlap hooks, FP8 dispatch, token dropping's savings below capacity, the routing map and probabilities the all-gather
 dispatcher gathers beside the tokens (k fp32 values per token).
 
 Buffers. A rank receives the dispatch's tokens, and the combine sends the expert outputs from, a buffer the

@@ -17,17 +17,24 @@ Resources, named for what they model (per simulated device ``d`` on node ``n``):
   bytes-equivalent work at the link's bandwidth, so alone it takes exactly its OpCost time and
   under sharing its latency term stretches with the bandwidth term (a slight overestimate).
 
+- SMs (`memo_sim.cost.comm_sms`): while communication kernels of a device run (a collective's or a
+  send's ``Op.sms``, an NCCL kernel's channels by default: the profile's ``gpu.comm_sms``), its
+  kernels run on the SMs left, at ``(sm_count - held) / sm_count`` of their speed (times the host
+  copies' slowdown where a copy is in flight too).
+
 With ``contention=False`` every op takes its stand-alone time: kernels their `OpCost` seconds,
 collectives their alpha-beta time, host copies `memo_sim.cost.transfer.host_copy_time` at the
 per-GPU rate while all ``group`` GPUs copy (the analytic model's assumption), and compute is
-never slowed by copies. Then the iteration time is the critical path of the op graph, which
-`memo_sim.engine.analytic.analytic_iteration_time` computes layer by layer without SimPy.
+never slowed by copies or by communication kernels. Then the iteration time is the critical path
+of the op graph, which `memo_sim.engine.analytic.analytic_iteration_time` computes layer by layer
+without SimPy.
 
 Fast paths (``fast_paths=True``, the default; tests/test_engine_fastpaths.py holds them to the
 reference engine, where every kernel and collective is a flow, within 1e-9): a kernel on a device
-that has no host copy in the graph is a plain timeout; a kernel on a device with copies is a
-timeout at its current rate, which a copy ending on the device (the kernel speeds up) interrupts
-and re-times, and past which a kernel a copy slowed meanwhile waits for the work it has left;
+that has no host copy and no communication kernel in the graph is a plain timeout; a kernel on
+another device is a timeout at its current rate, which a copy or a communication kernel ending on
+the device (the kernel speeds up) interrupts and re-times, and past which a kernel slowed meanwhile
+waits for the work it has left;
 a collective whose links no other stream of the graph uses is a plain timeout of its stand-alone
 time (its bytes still count as carried); dependency events exist only where an op really waits.
 
@@ -48,6 +55,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from memo_sim.cost import comm_sms
 from memo_sim.cost.transfer import host_bandwidth_per_gpu
 from memo_sim.engine.events import MEMORY_SAMPLE, OP_END, OP_START, EventKind
 from memo_sim.engine.fluid import Flow, FluidNetwork, Link
@@ -110,8 +118,8 @@ def gc_paused():
 
 
 class _Kernel:
-    """A kernel running on a device whose copies slow it (`Engine._stream`): its work ``left`` as of
-    time ``t`` at ``rate``, when it ends at that rate (``end``, set at each change: the time a timeout
+    """A kernel running on a device whose copies or communication kernels slow it (`Engine._stream`): its
+    work ``left`` as of time ``t`` at ``rate``, when it ends at that rate (``end``, set at each change: the time a timeout
     scheduled then would fire at), the rate its timeout was set at (``planned``), whether the rate
     changed since (``changed``), and whether an interrupt is on its way to it (``pending``)."""
 
@@ -169,6 +177,12 @@ class Engine:
         self.env = simpy.Environment()
         self.net = FluidNetwork(self.env, float(profile.gpu.copy_compute_slowdown) if contention else 0.0,
                                 record=record_links)
+        # SM contention (`memo_sim.cost.comm_sms`): the SMs the communication kernels running on each device hold,
+        # and the share of its speed a kernel there gets meanwhile
+        self._sm_on = contention and comm_sms.priced(profile)
+        self._nccl_sms = comm_sms.nccl_sms(profile)
+        self._held: dict[int, float] = {}
+        self._sm_share: dict[int, float] = {}
         self.gpu_mem: dict[int, float] = {d: 0.0 for d in graph.devices}
         self.host_mem: dict[int, float] = {dev.node: 0.0 for dev in graph.devices.values()}
         self.peak_gpu = dict(self.gpu_mem)
@@ -251,6 +265,10 @@ class Engine:
         waiters = self._waiters
         kernels = self._kernels
         copies = net.copies_per_device
+        sm_share = self._sm_share
+        sm_on = self._sm_on
+        nccl_sms = self._nccl_sms
+        hold = self._hold
         log = self._log
         # per op, looked up once per stream: the bound methods and constants, and per link or
         # direction the route and whether it is one of the exclusive ones
@@ -279,14 +297,17 @@ class Engine:
                 if kind == "compute":
                     if op.device in slowed:
                         if fast_paths:
-                            # a kernel on a device whose host copies slow it: a timeout at the
-                            # current rate (1, or the slow rate while a copy of the device is in
-                            # flight). A copy starting or ending on the device brings the kernel's
-                            # work up to date (`_copies_changed`); where that speeds it up past
+                            # a kernel on a device whose host copies or communication kernels slow
+                            # it: a timeout at the current rate (1, or the slow rate while a copy of
+                            # the device is in flight, times the SMs' share the communication kernels
+                            # running there leave). A copy or a communication kernel starting or
+                            # ending on the device brings the kernel's work up to date (`_retime`);
+                            # where that speeds it up past
                             # the rate its timeout was set at, it interrupts it and the rest is
                             # re-timed; where it slows it down, the kernel wakes at its timeout,
                             # finds work left and waits for the rest at the rate it has then
-                            k = _Kernel(op.work, env.now, slow_rate if copies.get(op.device) else 1.0)
+                            k = _Kernel(op.work, env.now, (slow_rate if copies.get(op.device) else 1.0)
+                                        * sm_share.get(op.device, 1.0))
                             running = kernels.get(op.device)
                             if running is None:
                                 running = kernels[op.device] = {}
@@ -312,6 +333,9 @@ class Engine:
                     else:  # no host copy on this device can slow it: a plain timeout
                         yield timeout(op.work)
                 elif kind == "comm":
+                    held = (nccl_sms if op.sms is None else op.sms) if sm_on else 0.0
+                    if held > 0.0:  # its kernel takes SMs from the device's kernels while it runs
+                        hold(op.device, held)
                     if contention and op.link:
                         key = (op.device, op.link)
                         hit = comm_routes.get(key)
@@ -326,6 +350,8 @@ class Engine:
                             yield start_flow(Flow(op.name, op.work * route[0][0].capacity, route, op.device))
                     else:
                         yield timeout(op.work)
+                    if held > 0.0:
+                        hold(op.device, -held)
                 else:  # copy
                     yield timeout(self._copy_lat)
                     if contention:
@@ -344,13 +370,32 @@ class Engine:
         self._last_end = env.now  # this stream's last op just ended (time only moves forward)
 
     def _copies_changed(self, device: int, active: bool) -> None:
-        """A copy started on ``device`` where none ran (``active``) or its last one ended: every
-        kernel running there is brought up to now at its old rate and takes the new one; those
+        """A copy started on ``device`` where none ran (``active``) or its last one ended: the kernels there
+        take the new rate (`_retime`)."""
+        self._retime(device, (self.net.slow_rate if active else 1.0) * self._sm_share.get(device, 1.0))
+
+    def _hold(self, device: int, sms: float) -> None:
+        """A communication kernel holding ``sms`` SMs started on ``device`` (negative: one ended): the kernels
+        there take the share of the SMs left (`memo_sim.cost.comm_sms.compute_share`)."""
+        held = self._held.get(device, 0.0) + sms
+        if held < 1e-9:
+            held = 0.0
+        self._held[device] = held
+        share = comm_sms.compute_share(held, self.profile)
+        if not self.fast_paths:
+            self.net.set_share(device, share)
+            return
+        if share == self._sm_share.get(device, 1.0):
+            return
+        self._sm_share[device] = share
+        self._retime(device, (self.net.slow_rate if self.net.copies_per_device.get(device) else 1.0) * share)
+
+    def _retime(self, device: int, rate: float) -> None:
+        """Every kernel running on ``device`` is brought up to now at its old rate and takes ``rate``; those
         now faster than their timeout assumed are interrupted (see `_stream`)."""
         running = self._kernels.get(device)
         if not running:
             return
-        rate = self.net.slow_rate if active else 1.0
         now = self.env.now
         for k, proc in running.items():
             k.left -= k.rate * (now - k.t)
@@ -364,10 +409,16 @@ class Engine:
 
     def run(self) -> EngineRun:
         g = self.graph
-        # kernels slow down only on a device whose host copies can overlap them
+        # kernels slow down only on a device whose host copies or communication kernels can overlap them
         slowing = self.contention and self.net.slow_rate < 1.0
-        self._slowed_devices = (({op.device for op in g.ops if op.kind == "copy"} if self.fast_paths
-                                 else set(g.devices)) if slowing else set())
+        if not self.fast_paths:
+            self._slowed_devices = set(g.devices) if slowing or self._sm_on else set()
+        else:
+            self._slowed_devices = {op.device for op in g.ops if op.kind == "copy"} if slowing else set()
+            if self._sm_on:
+                nccl = self._nccl_sms
+                self._slowed_devices |= {op.device for op in g.ops if op.kind == "comm" and op.work > 0
+                                         and (nccl if op.sms is None else op.sms) > 0}
         self._alone_routes = self._exclusive_routes()
         self._kernels: dict[int, dict] = {}  # device -> {its running `_Kernel`: process} (see _stream)
         self.net.on_copies_changed = self._copies_changed

@@ -16,8 +16,9 @@ the k-1 identical GPUs beside it on that link). When a flow starts or ends the n
 
 Kernels ride the same clock but never enter the link computation: a compute flow runs at rate 1
 (seconds of work per second), or at 1 / (1 + copy_compute_slowdown) while a host copy of its
-device is in flight (HBM contention); only a copy starting or ending on its device (the count
-going from 0 to 1 or back) re-times it. The engine runs a kernel as a plain timeout where no
+device is in flight (HBM contention), times the share of the SMs the device's communication
+kernels leave it (`set_share`, `memo_sim.cost.comm_sms`); only a copy starting or ending on its
+device (the count going from 0 to 1 or back) or a change of that share re-times it. The engine runs a kernel as a plain timeout where no
 copy can slow it (`memo_sim.engine.core`).
 
 Nothing is serialised: two copies on one link each get half of it, and each speeds up again
@@ -74,6 +75,7 @@ class FluidNetwork:
         self.link_flows: dict[Flow, None] = {}  # active flows on links, in start order
         self.compute_flows: dict[int, list[Flow]] = {}  # device -> its active kernels
         self.copies_per_device: dict[int, int] = {}
+        self.share: dict[int, float] = {}  # device -> the share of its SMs its kernels get (communication holds the rest)
         self.record = record
         self.load_log: list[tuple[float, dict[str, float]]] = []  # (time, link -> weighted rate) when record
         self.links: dict[str, Link] = {}
@@ -102,7 +104,8 @@ class FluidNetwork:
         flow.last = self.env.now
         if flow.is_compute:
             self.compute_flows.setdefault(flow.device, []).append(flow)
-            flow.rate = self.slow_rate if self.copies_per_device.get(flow.device) else 1.0
+            flow.rate = ((self.slow_rate if self.copies_per_device.get(flow.device) else 1.0)
+                         * self.share.get(flow.device, 1.0))
             self._time(flow)
             return flow.event
         self.link_flows[flow] = None
@@ -161,7 +164,16 @@ class FluidNetwork:
             return
         if self.on_copies_changed is not None:
             self.on_copies_changed(device, after > 0)
-        rate = self.slow_rate if after else 1.0
+        self._retime_compute(device, (self.slow_rate if after else 1.0) * self.share.get(device, 1.0))
+
+    def set_share(self, device: int, share: float) -> None:
+        """The share of ``device``'s SMs its kernels get from now (communication kernels hold the rest)."""
+        if share == self.share.get(device, 1.0):
+            return
+        self.share[device] = share
+        self._retime_compute(device, (self.slow_rate if self.copies_per_device.get(device) else 1.0) * share)
+
+    def _retime_compute(self, device: int, rate: float) -> None:
         now = self.env.now
         for f in self.compute_flows.get(device, ()):
             if f.rate != rate:

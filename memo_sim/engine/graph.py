@@ -10,9 +10,12 @@ run as OOM (GPU) or OOHM (pinned host memory).
 Kinds of op and what their ``work`` means:
 
 - ``compute``: seconds on the device's SMs at full speed (from `memo_sim.cost.layer_time`);
-  slowed by ``gpu.copy_compute_slowdown`` while a host copy of the same device runs.
+  slowed by ``gpu.copy_compute_slowdown`` while a host copy of the same device runs, and to the SMs
+  left while communication kernels of the device run (`memo_sim.cost.comm_sms`).
 - ``comm``: a collective; ``work`` is its alpha-beta time alone on its link (``link`` is
-  ``nvlink`` or ``internode``); two collectives on one link share its bandwidth.
+  ``nvlink`` or ``internode``); two collectives on one link share its bandwidth. While it runs its
+  kernel holds ``sms`` of the device's SMs (None: an NCCL kernel's, the profile's ``gpu.comm_sms``),
+  which the device's kernels beside it do without (`memo_sim.cost.comm_sms`).
 - ``copy``: a host copy of ``nbytes`` in ``direction`` d2h or h2d, over the device's PCIe link,
   its PCIe switch's uplink and the node's host-memory bandwidth.
 
@@ -72,6 +75,7 @@ class Op:
     deps: list["Op"] = field(default_factory=list)
     mem_start: tuple[MemAction, ...] = ()
     mem_end: tuple[MemAction, ...] = ()
+    sms: float | None = None  # comm: the SMs its kernel holds (None: an NCCL kernel's, the profile's gpu.comm_sms)
     # filled by the engine
     start: float | None = None
     end: float | None = None
@@ -94,7 +98,8 @@ class OpGraph:
     def add(self, name: str, *, device: int, stream: str, kind: str, phase: str, layer: int | None,
             work: float, deps: list[Op] | tuple[Op, ...] = (), nbytes: float = 0.0, flops: float = 0.0,
             direction: str | None = None, link: str | None = None,
-            mem_start: tuple[MemAction, ...] = (), mem_end: tuple[MemAction, ...] = ()) -> Op:
+            mem_start: tuple[MemAction, ...] = (), mem_end: tuple[MemAction, ...] = (),
+            sms: float | None = None) -> Op:
         if kind not in KINDS:
             raise ValueError(f"op kind {kind!r} unknown; one of {KINDS}")
         if device not in self.devices:
@@ -102,7 +107,7 @@ class OpGraph:
         if kind == "copy" and direction not in ("d2h", "h2d"):
             raise ValueError(f"copy op {name!r} needs direction d2h or h2d")
         op = Op(len(self.ops), name, device, stream, kind, phase, layer, max(0.0, float(work)), nbytes, flops,
-                direction, link, [d for d in deps if d is not None], tuple(mem_start), tuple(mem_end))
+                direction, link, [d for d in deps if d is not None], tuple(mem_start), tuple(mem_end), sms)
         self.ops.append(op)
         self.streams.setdefault((device, stream), []).append(op)
         return op

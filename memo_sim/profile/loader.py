@@ -179,11 +179,19 @@ class _GPUIn(_In):
     copy_compute_slowdown: Ratio
     allocator: _AllocatorIn | None = None  # optional: profiles written before it exist
     compute_capability: _CapabilityIn | None = None  # optional: profiles written before it exist
+    sm_count: Count | None = None  # optional, both or neither: profiles written before them exist
+    comm_sms: Count | None = None
 
     @model_validator(mode="after")
     def _reserved_below_memory(self):
         if float(self.reserved) >= float(self.memory):
             raise ValueError("reserved must be smaller than memory; check both values and units")
+        if (self.sm_count is None) != (self.comm_sms is None):
+            raise ValueError("sm_count and comm_sms go together (the SMs an NCCL kernel holds out of the GPU's): "
+                             "give both, or neither (no SM contention priced)")
+        if self.sm_count is not None and float(self.comm_sms) >= float(self.sm_count):
+            raise ValueError(f"comm_sms ({float(self.comm_sms):g}) must be fewer than sm_count "
+                             f"({float(self.sm_count):g}): an NCCL kernel holds some of the GPU's SMs, not all")
         return self
 
 
@@ -323,7 +331,8 @@ def parse_profile(raw: Any, source: str) -> HardwareProfile:
         gpu=GPUSpec(g.model, g.memory, g.reserved, dict(g.peak_flops), g.hbm_bandwidth, g.copy_compute_slowdown,
                     AllocatorCosts(al.sync, al.cuda_malloc_latency, al.cuda_malloc_throughput, al.cuda_free_latency,
                                    al.cuda_free_throughput) if al is not None else DEFAULT_ALLOCATOR_COSTS,
-                    tuple(int(x) for x in g.compute_capability.value.split(".")) if g.compute_capability else None),
+                    tuple(int(x) for x in g.compute_capability.value.split(".")) if g.compute_capability else None,
+                    g.sm_count, g.comm_sms),
         efficiency=Efficiency(e.gemm.typed(), e.attention_fwd.typed(), e.attention_bwd.typed(), e.elementwise,
                               **{k: q for k in _EFFICIENCY_TIMES if (q := getattr(e, k)) is not None},
                               **{k: c.typed() for k in _EFFICIENCY_CURVES if (c := getattr(e, k)) is not None},

@@ -104,6 +104,11 @@ class GPUSpec:
     # CUDA compute capability (major, minor): what the GPU's kernels can take (FP8 GEMM layouts,
     # `memo_sim.cost.gemm_format.fp8_gemm_any_layout`); None where the profile does not say (taken as Hopper's)
     compute_capability: tuple[int, int] | None = None
+    # the GPU's streaming multiprocessors, and how many of them an NCCL kernel (collective or send/recv) holds while
+    # it runs (its channels, one CTA each): a kernel beside it gets the rest (`memo_sim.cost.comm_sms`); None where
+    # the profile does not say (no SM contention priced)
+    sm_count: Quantity | None = None
+    comm_sms: Quantity | None = None
 
 
 _NOT_MEASURED = ("not measured: this profile has none (written before memo measured it, or calibrated with one "

@@ -67,6 +67,9 @@ class TimeBreakdown:
     # that stream), "peer_stage", "issue_order", "after_last:NAME", "idle_after_slowest_stage"
     busy_by_phase_s: dict[str, float] = field(default_factory=dict)
     waits_by_cause_s: dict[str, float] = field(default_factory=dict)
+    # of the busy time, how much longer the kernels ran than alone on the GPU: beside communication kernels that
+    # hold some of its SMs (`memo_sim.cost.comm_sms`) and host copies that share its HBM
+    slowed_s: float = 0.0
 
     def add(self, kind: str, words: str, code: str, s: float) -> None:
         """``s`` seconds of ``kind`` ("busy" or "waits") under ``words`` and ``code``."""
@@ -90,6 +93,7 @@ def time_breakdown(res: SimResult, device: int) -> TimeBreakdown:
     prev_end = 0.0
     for o in compute:
         tb.add("busy", PHASE_WORDS.get(o.phase, o.phase), o.phase, o.end - o.start)
+        tb.slowed_s += max(0.0, (o.end - o.start) - o.work)
         gap = o.start - prev_end
         if gap > 0:
             waited = [d for d in o.deps if d.end is not None and d.end > prev_end and d.stream != "compute"]

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 
 from memo_sim.cost.activations import layer_rows, skeletal_bytes
 from memo_sim.cost.boundary import boundary_times, pipeline_boundary_times
+from memo_sim.cost.comm_sms import compute_share, nccl_sms
 from memo_sim.model.flops import mfu, model_flops_per_iteration, tgs
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.memo import memoised, memoised_by, profile_key
@@ -238,7 +239,11 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     # overlap is perfect but the data-parallel stream runs one collective at a time: its gathers and reductions
     # together (FSDP's fp32 reduce-scatters can outlast the backward they run beside: a review found the estimate
     # at half the simulated step for Llama-3.1-8B over 64 GPUs at 4K)
-    total = max(total, dp_stream_seconds(sync, n, m, layout.zero) + bt.optimizer)
+    # its collectives hidden beside the compute hold NCCL's SMs meanwhile: the kernels beside them run on the rest
+    # (`memo_sim.cost.comm_sms`), the step longer by the hidden seconds times the SMs' share they take
+    dp_s = dp_stream_seconds(sync, n, m, layout.zero)
+    total += max(0.0, dp_s - sync_exposed - gathers) * (1.0 - compute_share(nccl_sms(profile), profile))
+    total = max(total, dp_s + bt.optimizer)
     return IterationEstimate(
         iteration_s=total, mfu=mfu(model, full * layout.dp, seq, total, layout.gpus, profile.peak(model.dtype)),
         tgs=tgs(full * layout.dp, seq, total, layout.gpus), layer=lt, embedding_s=bt.embedding * m,

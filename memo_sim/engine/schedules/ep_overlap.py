@@ -35,9 +35,9 @@ forward's ``post`` segment runs on the compute stream as the next pair starts (M
 residual add inside its combine node, on the communication stream: a few element-wise kernels); the backward's
 ``post`` before its combine.
 
-Not modelled: the SMs a communication kernel holds while compute runs beside it (NCCL's channels, DeepEP's
-``moe_flex_dispatcher_num_sms``, 20 by default): memo's kernels keep their whole speed beside a collective, so the
-overlap is priced at its best; the first backward layer's attention and shared-expert weight gradients, which
+The SMs the all-to-all kernels hold while the other micro-batch computes beside them slow its kernels
+(`memo_sim.cost.comm_sms`: DeepEP's ``moe_flex_dispatcher_num_sms``, 20 by default; NCCL's channels for
+alltoall). Not modelled: their wave quantisation and HBM traffic; the first backward layer's attention and shared-expert weight gradients, which
 Megatron-LM delays past the step's pipeline send (model_chunk_schedule_plan.py; memo sends after them); what
 CUDA_DEVICE_MAX_CONNECTIONS 32 (the overlap's) does to TP's and CP's own overlaps, which Megatron-LM warns of on
 Hopper (training/arguments.py); CUDA graphs of the merged steps.

@@ -70,6 +70,7 @@ from memo_sim.cost import collectives as coll
 from memo_sim.cost.optimizer_offload import host_state_bytes
 from memo_sim.cost.activations import skeletal_bytes
 from memo_sim.cost.boundary import BoundaryTimes, boundary_times
+from memo_sim.cost.comm_sms import collective_sms
 from memo_sim.cost.grad_sync import GradSync, grad_sync
 from memo_sim.cost.layer_time import OpCost, backward_costs, chain_dependencies, chain_tail, forward_costs
 from memo_sim.cost.memory import CLASSIFIER_CHUNK_TOKENS
@@ -151,7 +152,8 @@ def _chain_rows(costs: list[OpCost], layout: Layout, profile: HardwareProfile) -
         if len(_SHAPES_BY_CONTENT) > 256:
             _SHAPES_BY_CONTENT.clear()
         _SHAPES_BY_CONTENT[ckey] = (layout, profile, shape)
-    rows = [(within, c.name, c.stream, kind, float(c.seconds) if c.seconds > 0.0 else 0.0, c.nbytes, c.flops, link)
+    rows = [(within, c.name, c.stream, kind, float(c.seconds) if c.seconds > 0.0 else 0.0, c.nbytes, c.flops, link,
+             None if kind == "compute" else collective_sms(c.name, layout))
             for c, (within, kind, link) in zip(costs, shape[0])]
     out = (rows, shape[1], shape)
     if len(_SHAPES) > 256:
@@ -181,12 +183,12 @@ def emit_chain(g: OpGraph, costs: list[OpCost], *, device: int, layer: int | Non
     graph_ops, streams = g.ops, g.streams
     uid = len(graph_ops)
     stream_ops: dict[str, list[Op]] = {}
-    for k, (within, name, stream, kind, work, nbytes, flops, link) in enumerate(rows):
+    for k, (within, name, stream, kind, work, nbytes, flops, link, sms) in enumerate(rows):
         op_deps = [ops[j] for j in within] if within else list(deps)
         if k == last:
             op_deps += last_deps
         op = Op(uid + k, name, device, stream, kind, phase, layer, work, nbytes, flops, None, link, op_deps,
-                mem_start if k == 0 else (), mem_end if k == last else ())
+                mem_start if k == 0 else (), mem_end if k == last else (), sms)
         ops.append(op)
         graph_ops.append(op)
         on = stream_ops.get(stream)

@@ -29,4 +29,9 @@ DISPATCHERS.add("deepep", Dispatcher(
     # does not support moe_pad_expert_input_to_capacity" (a review: memo priced and exported the pair)
     pads_to_capacity=False,
     no_padding_source="Megatron-LM refuses --moe-pad-expert-input-to-capacity with the flex dispatcher's deepep "
-                      "backend, TransformerConfig at d98e8a64"))
+                      "backend, TransformerConfig at d98e8a64",
+    # the SMs its dispatch and combine kernels run on: Megatron-LM sets DeepEP's Buffer.num_sms to
+    # moe_flex_dispatcher_num_sms, 20 when unset (MoEFlexTokenDispatcher's DeepEP manager, token_dispatcher.py at
+    # d98e8a64: "None -> 20 (DeepEP's historical mcore default ...)")
+    sms=20, sms_source="Megatron-LM sets DeepEP's num_sms to moe_flex_dispatcher_num_sms, 20 when unset "
+                       "(token_dispatcher.py at d98e8a64)"))
