@@ -18,8 +18,9 @@ Kernels ride the same clock but never enter the link computation: a compute flow
 (seconds of work per second), or at 1 / (1 + copy_compute_slowdown) while a host copy of its
 device is in flight (HBM contention), times the share of the SMs the device's communication
 kernels leave it (`set_share`, `memo_sim.cost.comm_sms`); only a copy starting or ending on its
-device (the count going from 0 to 1 or back) or a change of that share re-times it. The engine runs a kernel as a plain timeout where no
-copy can slow it (`memo_sim.engine.core`).
+device (the count going from 0 to 1 or back) or a change of that share re-times it. The engine
+runs a kernel as a plain timeout where no copy or communication kernel can slow it
+(`memo_sim.engine.core`).
 
 Nothing is serialised: two copies on one link each get half of it, and each speeds up again
 when the other ends.
