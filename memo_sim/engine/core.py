@@ -182,7 +182,6 @@ class Engine:
         self._sm_on = contention and comm_sms.priced(profile)
         self._nccl_sms = comm_sms.nccl_sms(profile)
         self._held: dict[int, float] = {}
-        self._sm_share: dict[int, float] = {}
         self.gpu_mem: dict[int, float] = {d: 0.0 for d in graph.devices}
         self.host_mem: dict[int, float] = {dev.node: 0.0 for dev in graph.devices.values()}
         self.peak_gpu = dict(self.gpu_mem)
@@ -264,8 +263,7 @@ class Engine:
         alone = self._alone_routes
         waiters = self._waiters
         kernels = self._kernels
-        copies = net.copies_per_device
-        sm_share = self._sm_share
+        rate_of = net.compute_rate
         sm_on = self._sm_on
         nccl_sms = self._nccl_sms
         hold = self._hold
@@ -276,7 +274,6 @@ class Engine:
         start_flow = net.start
         apply = self._apply
         fast_paths = self.fast_paths
-        slow_rate = net.slow_rate
         interrupt = simpy.Interrupt
         routes = self._routes
         comm_routes: dict[tuple[int, str], tuple[tuple, bool]] = {}
@@ -306,8 +303,7 @@ class Engine:
                             # the rate its timeout was set at, it interrupts it and the rest is
                             # re-timed; where it slows it down, the kernel wakes at its timeout,
                             # finds work left and waits for the rest at the rate it has then
-                            k = _Kernel(op.work, env.now, (slow_rate if copies.get(op.device) else 1.0)
-                                        * sm_share.get(op.device, 1.0))
+                            k = _Kernel(op.work, env.now, rate_of(op.device))
                             running = kernels.get(op.device)
                             if running is None:
                                 running = kernels[op.device] = {}
@@ -372,7 +368,7 @@ class Engine:
     def _copies_changed(self, device: int, active: bool) -> None:
         """A copy started on ``device`` where none ran (``active``) or its last one ended: the kernels there
         take the new rate (`_retime`)."""
-        self._retime(device, (self.net.slow_rate if active else 1.0) * self._sm_share.get(device, 1.0))
+        self._retime(device, self.net.compute_rate(device))
 
     def _hold(self, device: int, sms: float) -> None:
         """A communication kernel holding ``sms`` SMs started on ``device`` (negative: one ended): the kernels
@@ -381,14 +377,9 @@ class Engine:
         if held < 1e-9:
             held = 0.0
         self._held[device] = held
-        share = comm_sms.compute_share(held, self.profile)
-        if not self.fast_paths:
-            self.net.set_share(device, share)
-            return
-        if share == self._sm_share.get(device, 1.0):
-            return
-        self._sm_share[device] = share
-        self._retime(device, (self.net.slow_rate if self.net.copies_per_device.get(device) else 1.0) * share)
+        # the network re-times its kernel flows (the reference path); the fast paths' kernels are re-timed here
+        if self.net.set_share(device, comm_sms.compute_share(held, self.profile)) and self.fast_paths:
+            self._retime(device, self.net.compute_rate(device))
 
     def _retime(self, device: int, rate: float) -> None:
         """Every kernel running on ``device`` is brought up to now at its old rate and takes ``rate``; those

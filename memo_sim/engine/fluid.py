@@ -105,8 +105,7 @@ class FluidNetwork:
         flow.last = self.env.now
         if flow.is_compute:
             self.compute_flows.setdefault(flow.device, []).append(flow)
-            flow.rate = ((self.slow_rate if self.copies_per_device.get(flow.device) else 1.0)
-                         * self.share.get(flow.device, 1.0))
+            flow.rate = self.compute_rate(flow.device)
             self._time(flow)
             return flow.event
         self.link_flows[flow] = None
@@ -165,14 +164,21 @@ class FluidNetwork:
             return
         if self.on_copies_changed is not None:
             self.on_copies_changed(device, after > 0)
-        self._retime_compute(device, (self.slow_rate if after else 1.0) * self.share.get(device, 1.0))
+        self._retime_compute(device, self.compute_rate(device))
 
-    def set_share(self, device: int, share: float) -> None:
-        """The share of ``device``'s SMs its kernels get from now (communication kernels hold the rest)."""
+    def compute_rate(self, device: int) -> float:
+        """The rate a kernel of ``device`` runs at now: slowed while a host copy of it is in flight, times the share
+        of its SMs the communication kernels running there leave it."""
+        return (self.slow_rate if self.copies_per_device.get(device) else 1.0) * self.share.get(device, 1.0)
+
+    def set_share(self, device: int, share: float) -> bool:
+        """The share of ``device``'s SMs its kernels get from now (communication kernels hold the rest); whether it
+        changed."""
         if share == self.share.get(device, 1.0):
-            return
+            return False
         self.share[device] = share
-        self._retime_compute(device, (self.slow_rate if self.copies_per_device.get(device) else 1.0) * share)
+        self._retime_compute(device, self.compute_rate(device))
+        return True
 
     def _retime_compute(self, device: int, rate: float) -> None:
         now = self.env.now

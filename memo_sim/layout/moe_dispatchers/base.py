@@ -57,10 +57,9 @@ class Dispatcher:
     # with the source where they do not (`balance_why_not`)
     pads_to_capacity: bool = True
     no_padding_source: str = ""
-    # the SMs its kernels hold while they run (`memo_sim.cost.comm_sms`), with the source; None: NCCL's kernels (the
-    # profile's ``gpu.comm_sms``)
+    # the SMs its kernels hold while they run (`memo_sim.cost.comm_sms`; its module says where the count comes from);
+    # None: NCCL's kernels (the profile's ``gpu.comm_sms``)
     sms: int | None = None
-    sms_source: str = ""
 
     def balance_why_not(self, kind: str) -> str | None:
         """Why the dispatcher cannot run the expert-load setting ``kind`` (`memo_sim.layout.moe_balance`), or None."""

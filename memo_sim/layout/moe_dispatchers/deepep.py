@@ -33,5 +33,4 @@ DISPATCHERS.add("deepep", Dispatcher(
     # the SMs its dispatch and combine kernels run on: Megatron-LM sets DeepEP's Buffer.num_sms to
     # moe_flex_dispatcher_num_sms, 20 when unset (MoEFlexTokenDispatcher's DeepEP manager, token_dispatcher.py at
     # d98e8a64: "None -> 20 (DeepEP's historical mcore default ...)")
-    sms=20, sms_source="Megatron-LM sets DeepEP's num_sms to moe_flex_dispatcher_num_sms, 20 when unset "
-                       "(token_dispatcher.py at d98e8a64)"))
+    sms=20))
