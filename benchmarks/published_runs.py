@@ -107,6 +107,9 @@ class Run:
     dp_mode: str = "zero"  # the data-parallel flavour (`memo_sim.dp`: torchtitan's rows run FSDP)
     precision: str | None = None  # a model-state recipe the run sets (None: its framework's for the dtype)
     reshard_after_forward: bool = True  # FSDP (torchtitan keeps the gathered weights beside pipeline stages)
+    # how the run builds its memory-bound kernels where it differs from its framework's (`Layout.kernel_fusion`:
+    # torchtitan@2024-12's eager rows, run without --training.compile; None: the framework's)
+    kernel_fusion: str | None = None
     tp_mode: str = "megatron"  # the TP flavour (`memo_sim.tp`: torchtitan's AsyncTP rows run async_tp)
     first_stage_layers: int = 0  # uneven pipeline stages: the first and last ranks' layers (0: even)
     last_stage_layers: int = 0
@@ -141,7 +144,7 @@ class Run:
         return get_framework(self.framework).for_model(self.base_model())
 
     def layout(self) -> Layout:
-        return get_framework(self.framework).adapt(Layout(
+        lay = get_framework(self.framework).adapt(Layout(
             tp=self.tp, sp=self.sp, cp=self.cp, ulysses=self.ulysses, dp=self.dp, pp=self.pp, vpp=self.vpp,
             zero=self.zero, ep=self.ep,
             etp=self.etp, moe_dispatcher=self.moe_dispatcher, moe_balance=self.moe_balance, ep_overlap=self.ep_overlap,
@@ -149,6 +152,7 @@ class Run:
             reshard_after_forward=self.reshard_after_forward, tp_mode=self.tp_mode,
             first_stage_layers=self.first_stage_layers, last_stage_layers=self.last_stage_layers,
             chunk_layers=self.chunk_layers))
+        return replace(lay, kernel_fusion=self.kernel_fusion) if self.kernel_fusion else lay
 
     def schedule(self) -> str | None:
         """The pipeline schedule (None: a single stage): 1F1B, interleaved when ``vpp`` > 1."""
@@ -206,7 +210,7 @@ def _megatron2024(size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops):
 
 
 def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b", cp=1, tp=1, pp=1,
-           policy="full_recompute", async_tp=False, vpp=1):
+           policy="full_recompute", async_tp=False, vpp=1, kernel_fusion=None):
     # TPS/GPU -> step time: torchtitan@9dec370 train.py counts the local batch's tokens (labels.numel(), before
     # context parallelism shards them) and divides by the step time x cp x tp x pp (non_data_parallel_size), so a
     # step takes local batch x sequence / (TPS x cp x tp x pp). Every row here uses torch.compile but the first of
@@ -233,7 +237,7 @@ def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b
                dp_mode="fsdp", global_batch=dp * batch, policy=policy, tp_mode="async_tp" if async_tp else "megatron",
                reshard_after_forward=pp == 1, micro_batch=batch // pp if pp > 1 else None,
                first_stage_layers=0 if even or chunks else first, last_stage_layers=0 if even or chunks else last,
-               chunk_layers=chunks, vpp=vpp,
+               chunk_layers=chunks, vpp=vpp, kernel_fusion=kernel_fusion,
                schedule_source=(f"micro-batch {batch // pp} ({pp} micro-batches: torchtitan@9dec370's default, the "
                                 f"pipeline degree), " + ("1F1B, stages" if vpp == 1 else
                                                          f"interleaved 1F1B, {vpp} stages per rank, virtual stages")
@@ -247,8 +251,6 @@ def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b
 SYNC_TP = "TP collectives on the critical path (tp_mode megatron)"
 
 
-_EAGER = ("without torch.compile torchtitan runs eager composite kernels (nn.RMSNorm over an fp32 upcast, SwiGLU's and "
-          "the rotary embedding's separate ops), which memo does not price (its norms are one kernel)")
 _SAC_FP8 = ("per-op selective checkpointing under Float8 is not priced: Float8Linear calls _scaled_mm, not aten.mm, "
             "so the save list keeps no linear output but its abs passes' outputs")
 RUNS: tuple[Run, ...] = (
@@ -279,12 +281,12 @@ RUNS: tuple[Run, ...] = (
     _megatron2024("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
     _megatron2024("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
     _megatron2024("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9),
-    _titan("t1-fsdp: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2 x 8192, selective AC (Table 1)", 5762, _EAGER,
-           policy="op_sac"),
+    _titan("t1-fsdp: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2 x 8192, selective AC (Table 1)", 5762,
+           policy="op_sac", kernel_fusion="eager"),
     _titan("t1-fsdp-compile: the same with torch.compile (Table 1)", 6667, policy="op_sac"),
     _titan("t1-fsdp-compile-float8: the same with torch.compile + Float8 (Table 1)", 8532, _SAC_FP8, policy="op_sac"),
-    _titan("t3-fsdp128: Llama 3.1 8B, FSDP over 128 GPUs, local batch 2 x 8192, selective AC (Table 3)", 5605, _EAGER,
-           gpus=128, policy="op_sac"),
+    _titan("t3-fsdp128: Llama 3.1 8B, FSDP over 128 GPUs, local batch 2 x 8192, selective AC (Table 3)", 5605,
+           gpus=128, policy="op_sac", kernel_fusion="eager"),
     _titan("t3-fsdp128-compile: the same with torch.compile (Table 3)", 6514, gpus=128, policy="op_sac"),
     _titan("t3-fsdp128-compile-float8: the same with torch.compile + Float8 (Table 3)", 8380, _SAC_FP8, gpus=128,
            policy="op_sac"),
@@ -1037,6 +1039,34 @@ def _other_peak(rid: str) -> str:
     return f"{r.peak_gib:.0f} GiB" if r is not None and r.peak_gib is not None else "(not predicted)"
 
 
+def _other_error(rid: str) -> str:
+    r = _PREDICTED.get(rid)
+    return f"{100 * r.error:+.1f}%" if r is not None and r.error is not None else "not predicted"
+
+
+def _variant_error(r: Result, label: str) -> str:
+    """The row's error with its variant ``label`` (memo's step beside the row), or 'not run'."""
+    return _beside(r, label, lambda v: f"{100 * (v / r.run.published_s - 1):+.1f}%") or "not run"
+
+
+def _xt_shares(run: Run) -> dict[str, float]:
+    """Percent of memo's layer forward and backward (every op of the rank's micro-batch, compute and collectives)
+    that attention and the Ulysses all-to-alls take, and of the two together attention's: an XTuner row's words."""
+    from memo_sim.cost.layer_time import backward_costs, forward_costs
+
+    model, prof, lay = run.model(), load_profile(run.profile), run.layout()
+    out = {}
+    for phase, fn in (("fwd", forward_costs), ("bwd", backward_costs)):
+        costs = fn(model, lay, 1, run.seq, prof)
+        total = sum(c.seconds for c in costs)
+        out[f"attn_{phase}"] = 100 * sum(c.seconds for c in costs if c.kind == "attention") / total
+        out[f"a2a_{phase}"] = 100 * sum(c.seconds for c in costs if c.name.startswith("alltoall")) / total
+        out[f"total_{phase}"] = total
+    out["attn"] = (out["attn_fwd"] * out["total_fwd"] + out["attn_bwd"] * out["total_bwd"]) / (
+        out["total_fwd"] + out["total_bwd"])
+    return out
+
+
 _XT_MEMORY_TEXT = (
     "what changes from the rows memo predicts within 10% is memory. memo puts this run's peak at {peak} of the 78 "
     "usable GiB, HF's fp32 logits and their loss included (the xtuner framework data's torch_fused loss over every "
@@ -1049,20 +1079,45 @@ _XT_MEMORY_TEXT = (
     "recipe' variant) each move memo by less than 1%" + _PRESSURE_MEASURED)
 
 
-def _xt_memory(extra: str, attn: str) -> Callable[[Result], str]:
-    """An XTuner memory row's text, its peak and replay from the row's own result."""
-    return lambda r: _XT_MEMORY_TEXT.format(peak=_peak_words(r), replay=_replay_words(r), extra=extra, attn=attn,
+def _xt_compute(r: Result) -> dict[str, float]:
+    """An XTuner row's compute of one micro-batch on memo's terms (its layers' forward and backward compute-stream
+    ops, the full recompute a forward again; ``eager``: how much of it the eager kernels add over fused ones) against
+    the measured iteration (one micro-batch), and memo's step per micro-batch above it: the words of the ZeRO-3 row's
+    text."""
+    from memo_sim.cost.layer_time import backward_costs, forward_costs
+
+    run = r.run
+    model, prof, lay = run.model(), load_profile(run.profile), run.layout()
+
+    def compute(layout: Layout) -> tuple[float, float]:
+        return tuple(model.layers * sum(c.seconds for c in fn(model, layout, 1, run.seq, prof) if c.stream == "compute")
+                     for fn in (forward_costs, backward_costs))
+
+    fwd, bwd = compute(lay)
+    fused = compute(replace(lay, kernel_fusion="fused"))
+    total = 2 * fwd + bwd
+    it = run.published_s / (run.global_batch // run.dp)
+    return {"fwd": fwd, "bwd": bwd, "all": total, "over": 100 * (total / it - 1), "eager": total - 2 * fused[0] - fused[1],
+            "above": r.predicted_s / (run.global_batch // run.dp) - total}
+
+
+def _xt_memory(extra: str, attn: Callable[[Result], str]) -> Callable[[Result], str]:
+    """An XTuner memory row's text, its peak and replay from the row's own result, ``attn`` its words on attention's
+    share of memo's layer."""
+    return lambda r: _XT_MEMORY_TEXT.format(peak=_peak_words(r), replay=_replay_words(r), extra=extra, attn=attn(r),
                                             small=_other_peak("xtuner-llama2-7b-256k-sp8"))
 OUTLIERS.update({
     "xtuner-llama2-70b-32k-sp4": lambda r: (
-        "memo too slow: the ZeRO-3 collectives, exposed and beside the compute. memo's compute of a micro-batch "
-        "(forward 6.5 s, recompute 6.5 s, backward 14.6 s: 27.6 s) alone is the measured 27.2 s iteration; the 70B "
+        "memo too slow: the ZeRO-3 collectives, exposed and beside the compute. memo's layers' compute of a micro-batch "
+        "({fwd:.1f} s forward, as much again recomputed, {bwd:.1f} s backward: {all:.1f} s, the eager RMSNorms and "
+        "SwiGLU of HF's layers included, {eager:.1f} s more than as fused kernels) is already {over:+.1f}% against the "
+        "measured 27.2 s iteration; the 70B "
         "weights gathered for the forward, the recompute and the backward and the bf16 gradients reduce-scattered "
         "(every micro-batch, as DeepSpeed ZeRO-3 does at GAS 4) over 4 nodes at the profile's 12.5 GB/s per GPU (4 HDR "
         "cards per node) take about as long as that compute: memo leaves part of them exposed and, since 2026-12-03, "
         "runs the kernels beside the hidden rest on the 84 of 108 SMs NCCL's 24 channels leave them "
-        f"(memo_sim/cost/comm_sms.py; +18.6% before), {r.predicted_s / 4 - 27.6:.1f} s a micro-batch above the compute "
-        "in all. The interconnect is not stated"
+        "(memo_sim/cost/comm_sms.py; +18.6% before), {above:.1f} s a micro-batch above the compute "
+        "in all. The interconnect is not stated".format(**_xt_compute(r))
         + _beside(r, "8 HDR per node (dgx-a100-selene)",
                   lambda v: f": with Selene's 8 HDR cards per node memo is at {100 * (v / r.run.published_s - 1):+.1f}% "
                             "(+2.0% before the SMs were priced)")
@@ -1071,20 +1126,25 @@ OUTLIERS.update({
         "row is comm-bound only in memo: the cluster hid nearly all of it behind the compute, which points to a "
         "network faster than either profile's (the source states none)"),
     "xtuner-llama2-7b-1m-sp16": lambda r, _t=(
-        "memo too fast; not pinned down. Attention is 95% of memo's layer (2 heads per GPU over the whole 1M-token "
-        "sequence; the Ulysses all-to-alls across the 2 nodes of SP 16 are 3% of the forward and 1% of the backward, "
-        "and Selene's wider network makes memo faster still, -16.0%). The Llama-2-7B rows up to 256K (attention 87% of the layer) are within 6%, "
+        "memo too fast; not pinned down. Attention is {attn:.0f}% of memo's layer (2 heads per GPU over the whole "
+        "1M-token sequence; the Ulysses all-to-alls across the 2 nodes of SP 16 are {a2a_fwd:.0f}% of the forward and "
+        "{a2a_bwd:.0f}% of the backward, and Selene's wider network makes memo faster still, {selene}). The Llama-2-7B "
+        "rows up to 256K (attention {attn256:.0f}% of the layer at 256K) are within 6%, "
         "so the gap opens with the attention calls' size: 5.6e14 FLOPs per forward call here (256K: 7e13), beyond the "
         "last point of the a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the "
         "peak from 1e14 FLOPs; never calibrated at these lengths). memo's peak is {peak} (HF's fp32 logits of 65,536 "
         "tokens per GPU included), so memory pressure is "
         "unlikely. What the run does that memo does not model: XTuner's all-to-all of non-contiguous head "
-        "slices" + _LONG_CALL_MEASURED): _t.format(peak=_peak_words(r)),
+        "slices" + _LONG_CALL_MEASURED): _t.format(
+        peak=_peak_words(r), selene=_variant_error(r, "8 HDR per node (dgx-a100-selene)"), **_xt_shares(r.run),
+        attn256=_xt_shares(next(x for x in LONG_RUNS if x.id == "xtuner-llama2-7b-256k-sp8"))["attn"]),
     "xtuner-yi-34b-256k-sp8": _xt_memory(
-        attn="82% here against 69% at 128K, where memo is within 7%",
+        attn=lambda r: (f"{_xt_shares(r.run)['attn']:.0f}% here against "
+                        f"{_xt_shares(next(x for x in LONG_RUNS if x.id == 'xtuner-yi-34b-128k-sp8'))['attn']:.0f}% at "
+                        f"128K, where memo is {_other_error('xtuner-yi-34b-128k-sp8')}"),
         extra="repeated 7-fold before the all-to-all as XTuner does"),
     "xtuner-llama2-70b-128k-sp8": _xt_memory(
-        attn="63%", extra="repeated 8-fold before the all-to-all as XTuner does (2.4x the all-to-all bytes of one "
+        attn=lambda r: f"{_xt_shares(r.run)['attn']:.0f}%", extra="repeated 8-fold before the all-to-all as XTuner does (2.4x the all-to-all bytes of one "
                           "head per rank; on NVLink a few ms a layer)"),
     "xtuner-llama2-70b-256k-sp16": lambda r, _t=(
         "memo too fast; not pinned down, memory pressure the likeliest. memo runs SP 16 over the 8 K/V heads as "
@@ -1094,22 +1154,28 @@ OUTLIERS.update({
         "TFLOP/s fall from 189.7 at 128K SP 8 to 127.6 here, the pattern of memory pressure (see "
         "xtuner-llama2-70b-128k-sp8). The repeat doubles the q, k, v all-to-all (402 "
         "to 805 MB a layer; across the 2 nodes of SP 16 the half bound for the other node rides the profile's 12.5 "
-        "GB/s per GPU while the other half rides NVLink): 177.5 s a micro-batch where one repeated head per rank "
-        "gives 171.0 s (the ulysses_kv column). Attention is 65% of memo's forward and 77% of its backward, in "
-        "calls of 7e13 FLOPs, the size of the Llama-2-7B 256K row's (within 6%); the all-to-alls are 9% and 4%. "
-        "The interconnect is not stated: Selene's 8 HDR per node makes memo faster still (-34.0%); fp32 gradients "
-        "change nothing" + _PRESSURE_MEASURED): _t.format(peak=_peak_words(r), replay=_replay_words(r)),
+        "GB/s per GPU while the other half rides NVLink): {mine:.1f} s a micro-batch where one repeated head per "
+        "rank gives {one} (the ulysses_kv column). Attention is {attn_fwd:.0f}% of memo's forward and {attn_bwd:.0f}% "
+        "of its backward, in calls of 7e13 FLOPs, the size of the Llama-2-7B 256K row's (within 6%); the all-to-alls "
+        "are {a2a_fwd:.0f}% and {a2a_bwd:.0f}%. The interconnect is not stated: Selene's 8 HDR per node makes memo "
+        "faster still ({selene}); fp32 gradients change nothing" + _PRESSURE_MEASURED): _t.format(
+        peak=_peak_words(r), replay=_replay_words(r), mine=r.predicted_s / (r.run.global_batch // r.run.dp),
+        one=(lambda e: f"{(1 + e) * r.run.published_s / (r.run.global_batch // r.run.dp):.1f} s" if e is not None
+             else "no fit")(dict(r.ablation).get("ulysses_kv")),
+        selene=_variant_error(r, "8 HDR per node (dgx-a100-selene)"), **_xt_shares(r.run)),
     "xtuner-llama2-70b-1m-sp64": lambda r, _t=(
         "memo too fast; not pinned down. Here memo's repeat is XTuner's (SP 64 over 8 K/V heads: each repeated 8 times, "
         "one K and one V head per rank, the bytes of 7575f2c91's repeat to the 64 query heads), and memory is not "
-        "tight (peak {peak}). Attention is 86% of memo's forward and 92% of its backward: one head "
+        "tight (peak {peak}). Attention is {attn_fwd:.0f}% of memo's forward and {attn_bwd:.0f}% of its backward: one head "
         "per GPU over the whole 1M-token sequence, FlashAttention calls of 2.8e14 FLOPs, beyond the last point of the "
         "a100 profile's FlashAttention-2 curves (assumed, flat at 76% forward / 60% backward of the peak from 1e14 "
-        "FLOPs; never calibrated at these lengths), as in xtuner-llama2-7b-1m-sp16 (-14.9%, 5.6e14 FLOPs a call). The "
-        "all-to-alls across the 8 nodes of SP 64 are 6% and 2% of memo's layer (Selene's 8 HDR per node: -27.7%). The "
+        "FLOPs; never calibrated at these lengths), as in xtuner-llama2-7b-1m-sp16 ({other}, 5.6e14 FLOPs a call). "
+        "The all-to-alls across the 8 nodes of SP 64 are {a2a_fwd:.0f}% and {a2a_bwd:.0f}% of memo's forward and "
+        "backward (Selene's 8 HDR per node: {selene}). The "
         "GAS is memo's reading of the absent config (accumulative_counts = SP). What the run does that memo does not "
         "model: XTuner's all-to-all of non-contiguous head slices" + _LONG_CALL_MEASURED):
-    _t.format(peak=_peak_words(r)),
+    _t.format(peak=_peak_words(r), other=_other_error("xtuner-llama2-7b-1m-sp16"),
+              selene=_variant_error(r, "8 HDR per node (dgx-a100-selene)"), **_xt_shares(r.run)),
     "xtuner-yi-34b-128k-sp8-16gpu": lambda r, _t=(
         "memo too fast; not pinned down. The table states no GPU (memo runs the speed page's A100-SXM4-80GB), and the "
         "same model, length, SP and config on 32 GPUs (xtuner-yi-34b-128k-sp8) ran at 251.1 TGS, this 16-GPU run at "
@@ -1449,6 +1515,14 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-128k-forced": -0.078, "moe-zoo-qwen3-235b-long-128k-dropless": -0.154,
       "moe-zoo-mixtral-8x22b-dropless": -0.138, "moe-zoo-mixtral-8x22b-forced": -0.099,
       "moe-zoo-mixtral-8x22b-fp8-forced": -0.206, "moe-zoo-mixtral-8x22b-capacity1": -0.108}),
+    ("9c0fdb5", "2026-12-04", "before eager PyTorch's composite kernels were priced (`memo_sim.model.eager_kernels`, "
+     "kernel_fusion eager: XTuner's Hugging Face RMSNorms and SwiGLU as the fused kernels of memo's default, one "
+     "each; torchtitan@2024-12's uncompiled rows not expressible)",
+     {"xtuner-llama2-7b-32k-sp1": -0.044, "xtuner-llama2-7b-128k-sp8": -0.044, "xtuner-llama2-7b-256k-sp8": -0.058,
+      "xtuner-llama2-7b-1m-sp16": -0.149, "xtuner-yi-34b-32k-sp2": 0.011, "xtuner-yi-34b-128k-sp8": -0.017,
+      "xtuner-yi-34b-256k-sp8": -0.254, "xtuner-llama2-70b-32k-sp4": 0.356, "xtuner-llama2-70b-128k-sp8": -0.042,
+      "xtuner-llama2-70b-256k-sp16": -0.286, "xtuner-llama2-70b-1m-sp64": -0.252,
+      "xtuner-yi-34b-128k-sp8-16gpu": -0.114}),
 )
 
 
@@ -1713,6 +1787,14 @@ STEPS = (
      "(xtuner-llama2-70b-32k-sp4 +18.6% to +35.6%, its ZeRO-3 traffic as long as its compute on the profile's 4 HDR "
      "cards per node): dense 39 predicted at 11.2% / 35.6%, long-context 20 at 15.3% / 35.6%, the FP8 rows 12 at "
      "17.8% / 29.3%, the MoE group 18 at 20.1% / 46.6%"),
+    ("eager PyTorch's composite kernels", "an uncompiled layer's RMSNorm (over an fp32 upcast: 8 kernels forward, "
+     "16 backward, 36 and 92 bytes an element where the fused kernel moves 4 and 8) and SwiGLU (2 and 3 kernels) "
+     "counted under a TorchDispatchMode (`memo_sim.model.eager_kernels`, benchmarks/eager_kernels.py) and priced "
+     "where a framework runs them (kernel_fusion eager: XTuner's Hugging Face layers): the 12 XTuner rows 0.4-7.0 "
+     "points slower (10 of them too fast before: xtuner-llama2-7b-32k-sp1 -4.4% to +2.5%, "
+     "xtuner-yi-34b-128k-sp8-16gpu -11.4% to -9.1%; xtuner-llama2-70b-32k-sp4 +35.6% to +39.3%), and torchtitan's "
+     "two uncompiled rows of Tables 1 and 3 predicted (t1-fsdp -8.5%, t3-fsdp128 -1.3%): dense 41 predicted at "
+     "10.7% / 39.3%, long-context 20 at 15.0% / 39.3%, the FP8 and MoE rows unchanged"),
 )
 
 

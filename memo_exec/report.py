@@ -334,6 +334,18 @@ def loss_kernel_note(plan) -> str | None:
             f"with the chunked kernel (memo-sim's default without --framework) to compare like with like")
 
 
+def kernel_fusion_note(plan) -> str | None:
+    """Where the plan is priced with eager PyTorch's composite norms and activations (``Layout.kernel_fusion``
+    ``eager``: XTuner's Hugging Face layers, `memo_sim.model.eager_kernels`): memo-exec runs its own kernels
+    (memo_exec/layer.py rms_norm and its SwiGLU), not those; None for any other plan (a compiled one is refused)."""
+    if plan.layout.kernel_fusion != "eager":
+        return None
+    return ("memory-bound kernels: the plan is priced with eager PyTorch's RMSNorm and SwiGLU (layout kernel_fusion "
+            "eager: a kernel per tensor op), memo-exec runs its own norm and activation kernels, so the norms' and "
+            "activations' time compares two sets of kernels; plan without the framework's kernel_fusion (memo-sim's "
+            "default without --framework) to compare like with like")
+
+
 def ulysses_kept_note(plan) -> str | None:
     """Where the plan's Ulysses backward sends the gradients alone (``Layout.ulysses_bwd_resend`` False: an autograd
     Ulysses, DeepSpeed's or TransformerEngine's): memo-exec's `UlyssesAttention` then keeps the forward's head-sharded
@@ -518,7 +530,8 @@ def plan_notes(plan, meta: dict) -> list[str]:
 
     kernel = priced_kernel_note(meta.get("attention_kernel_priced"), meta.get("attention_backend"),
                                 meta.get("device_kind"))
-    notes = [kernel.removeprefix("note: ") if kernel else None, loss_kernel_note(plan), ulysses_kept_note(plan),
+    notes = [kernel.removeprefix("note: ") if kernel else None, loss_kernel_note(plan), kernel_fusion_note(plan),
+             ulysses_kept_note(plan),
              head_grads_note(plan), grad_sync_note(plan), reduce_bucket_note(plan), host_pool_note(plan, meta)]
     return [n for n in notes if n]
 

@@ -78,7 +78,7 @@ def test_the_torchtitan_2024_12_version_compiles_and_the_plan_round_trips():
     assert "kernel_fusion" not in Layout().to_dict()  # plans with fused kernels keep their shape
     from memo_sim.errors import MemoError
     with pytest.raises(MemoError, match="kernel_fusion"):
-        Layout.from_dict({**Layout().to_dict(), "kernel_fusion": "eager"})
+        Layout.from_dict({**Layout().to_dict(), "kernel_fusion": "inductor"})
 
 
 def _published_runs():

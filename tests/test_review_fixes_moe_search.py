@@ -47,7 +47,7 @@ PINNED = {
     "moe_balance": ("capacity:1.25", "--moe-balance capacity:1.25"), "dp_mode": ("fsdp", "--dp-mode fsdp"),
     "alloc_conf": ("expandable_segments:True", "--alloc-conf expandable_segments:True"),
     "allocator": ("plan", "--allocator plan"), "rank_order": ("tp-cp-pp-dp", "--rank-order tp-cp-pp-dp"),
-    "ep_overlap": (True, "--ep-overlap"),
+    "ep_overlap": (True, "--ep-overlap"), "kernel_fusion": ("eager", "--kernel-fusion eager"),
 }
 
 

@@ -204,6 +204,16 @@ def _alloc_conf_value(_ctx, _param, value):
     return value
 
 
+def kernel_fusion_option(f):
+    from memo_sim.model.kernel_fusion import KERNEL_FUSIONS  # noqa: PLC0415
+    return click.option(
+        "--kernel-fusion", default=None, type=click.Choice(list(KERNEL_FUSIONS)),
+        help="How the layers' norms, activations and residual adds run, over the framework's: fused (one "
+             "hand-written kernel each, Megatron-LM / TransformerEngine), compiled (each block compiled by "
+             "torch.compile) or eager (uncompiled PyTorch: RMSNorm and SwiGLU as separate tensor ops, as Hugging "
+             "Face layers and torchtitan without --training.compile run them).")(f)
+
+
 def alloc_conf_option(f):
     return click.option(
         "--alloc-conf", default=None, metavar="TEXT", callback=_alloc_conf_value,

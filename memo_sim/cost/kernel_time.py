@@ -75,9 +75,10 @@ def memory_bound_time(nbytes: float, profile: HardwareProfile) -> float:
     return nbytes / (float(profile.gpu.hbm_bandwidth) * float(profile.efficiency.elementwise))
 
 
-def memory_bound_op_time(nbytes: float, profile: HardwareProfile) -> float:
+def memory_bound_op_time(nbytes: float, profile: HardwareProfile, kernels: int = 1) -> float:
     """One memory-bound op of a layer (a norm, an activation, a residual add): its bytes over the
-    bandwidth plus the profile's per-call latency."""
+    bandwidth plus the profile's per-call latency for each of its ``kernels`` (more than one where eager
+    PyTorch builds the op from separate tensor ops: `memo_sim.model.eager_kernels`)."""
     if nbytes <= 0:
         return 0.0
-    return memory_bound_time(nbytes, profile) + float(profile.efficiency.kernel_latency)
+    return memory_bound_time(nbytes, profile) + kernels * float(profile.efficiency.kernel_latency)

@@ -31,6 +31,7 @@ from memo_sim.cost.opcost import OpCost, chain_dependencies, chain_tail, critica
 from memo_sim.layout.parallel import Layout
 from memo_sim.layout.ring_merge import ring_merge
 from memo_sim.model.config import ModelConfig
+from memo_sim.model.eager_kernels import eager_op
 from memo_sim.model.kernel_fusion import amax_fused_backward, amax_fused_forward, fused_inputs
 from memo_sim.model.layer_graph import (DTYPE_BYTES, FP8_SAVED_INPUTS, OpSpec, forward_ops, fp8_input_kept,
                                        layer_tensors, recompute_ops, sp_regathered)
@@ -115,6 +116,15 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
             f *= ATTN_BWD_FACTOR
         return OpCost(op.name, "attention", phase, "compute",
                       _attention_time(f, model, layout, batch, seq, profile, phase), flops=f)
+    if layout.kernel_fusion == "eager":
+        eager = eager_op(model, op, DTYPE_BYTES[model.dtype])
+        if eager is not None:  # the op's separate eager kernels (`memo_sim.model.eager_kernels`)
+            per_element, kernels = eager.phase(phase)
+            elements = sum(tensor_bytes(t, layout, batch, seq) / t.dtype_bytes
+                           for t in _op_tensors(op, model, layout.tp_mode)[len(op.inputs):]) * fraction
+            nbytes = per_element * elements
+            return OpCost(op.name, op.kind, phase, "compute", memory_bound_op_time(nbytes, profile, kernels),
+                          nbytes=nbytes)
     nbytes = _elementwise_bytes(op, model, layout, batch, seq) * fraction
     # a compiled block fuses the op into the memory-bound op before it: what that one wrote is not read again,
     # and the op pays no launch of its own (`memo_sim.model.kernel_fusion`)

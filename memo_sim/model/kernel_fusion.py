@@ -14,10 +14,13 @@ layer's op graph (`memo_sim.model.layer_graph.forward_ops`).
   activation in forward, the gradients the residual adds and the activation's backward write.
   GEMMs and the attention kernel are extern kernels to Inductor: their outputs are not fused with
   anything. The fusion does not cross the block (torchtitan compiles each block on its own).
+- ``eager``: neither: the layer's RMSNorms and SwiGLU activations are built from separate tensor ops,
+  a kernel each (Hugging Face transformers' layers as XTuner trains them, torchtitan without
+  ``--training.compile``): their kernels and bytes are counted in `memo_sim.model.eager_kernels`.
+  LayerNorm, GELU and the residual adds are one kernel each in eager PyTorch too, priced as ``fused``.
 
-Not modelled: eager PyTorch's composite kernels (an uncompiled ``nn.RMSNorm`` runs several kernels
-over an fp32 upcast; memo prices every framework's norms as one kernel), and Inductor's fusion of
-the rotary embedding (memo prices no rotary op).
+Not modelled: Inductor's fusion of the rotary embedding, and the rotary embedding's eager ops (memo
+prices no rotary op in any mode).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from functools import lru_cache
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import forward_ops
 
-KERNEL_FUSIONS = ("fused", "compiled")
+KERNEL_FUSIONS = ("fused", "compiled", "eager")
 _MEMORY_BOUND = ("norm", "elementwise")
 
 

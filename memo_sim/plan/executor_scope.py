@@ -311,10 +311,10 @@ def plan_why_not(model: ModelConfig, layout: Layout, policy, schedule: str, batc
         return (f"plan layout {lab}: memory_plan: a static memory plan for the {policy.name} policy is priced by the "
                 f"simulator only; the executor places MEMO's plan alone; re-create the plan without --allocator plan "
                 f"to run it on the caching allocator")
-    if layout.kernel_fusion != "fused":
-        return (f"plan layout {lab}: kernel_fusion {layout.kernel_fusion}: the executor runs its layer's kernels "
-                f"uncompiled (no torch.compile), so it would measure another plan than the one predicted; plan with "
-                f"a framework whose kernels are fused (e.g. --framework torchtitan)")
+    if layout.kernel_fusion == "compiled":  # eager plans run, their kernels named (memo_exec.report)
+        return (f"plan layout {lab}: kernel_fusion compiled: the executor runs its layer's kernels uncompiled (no "
+                f"torch.compile), so it would measure another plan than the one predicted; plan with a framework "
+                f"whose kernels are not compiled (e.g. --framework torchtitan)")
     if (why := sp_kept_why_not(model, layout, policy.name)) is not None:
         return why
     if model.mtp_layers:  # the executor's modules (memo_exec.mtp): single stage or a micro-batch pipeline, Megatron TP

@@ -36,7 +36,7 @@ from memo_sim.search.whatif import (NO_VALID_LAYOUT, WhatIfResult, candidates_fo
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
           "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex", "optimizer_offload",
           "first_stage_layers", "last_stage_layers", "chunk_layers", "ep", "etp", "moe_dispatcher", "moe_balance", "dp_mode",
-          "alloc_conf", "allocator", "rank_order", "ep_overlap")
+          "alloc_conf", "allocator", "rank_order", "ep_overlap", "kernel_fusion")
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
 
@@ -48,6 +48,7 @@ FIELD_FLAGS = {
     "sp": "--sp", "optimizer_offload": "--optimizer-offload", "tp_mode": "--tp-mode",
     "metp_across_nodes": "--metp-across-nodes", "ep": "--ep", "etp": "--etp", "moe_dispatcher": "--moe-dispatcher",
     "moe_balance": "--moe-balance", "ep_overlap": "--ep-overlap", "dp_mode": "--dp-mode", "alloc_conf": "--alloc-conf", "allocator": "--allocator",
+    "kernel_fusion": "--kernel-fusion",
     "rank_order": "--rank-order", "policies": "--policy", "alpha": "--alpha", "pp": "--pp", "vpp": "--vpp",
     "first_stage_layers": "--decoder-first-pipeline-num-layers",
     "last_stage_layers": "--decoder-last-pipeline-num-layers", "chunk_layers": "--pipeline-model-parallel-layout",
@@ -209,6 +210,7 @@ class WhatifRequest:
     ep_overlap: bool = False  # Megatron-Core's EP all-to-all overlap where a candidate can run it
     dp_mode: str | None = None  # data-parallel flavours searched: zero, fsdp or all (None: the framework's first)
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF over the framework's (`memo_sim.layout.alloc_conf`)
+    kernel_fusion: str | None = None  # fused | compiled | eager over the framework's (`memo_sim.model.kernel_fusion`)
     allocator: str = "caching"  # caching | plan | both: who places the transients of policies without MEMO's plan
     rank_order: str | None = None  # rank orders a pipeline is tried in: one, or all (None: the framework's first)
     # the activation policies and schedules
@@ -415,7 +417,7 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
         from memo_sim.search.whatif import _adapter  # noqa: PLC0415
 
         # the user's --alloc-conf on top, as the ranked plans have it (a review: "expandable_segments True -> False")
-        lay = _adapter(lambda x: fw.adapt(x, req.profile), req.alloc_conf)(memo_best.layout)
+        lay = _adapter(lambda x: fw.adapt(x, req.profile), req.alloc_conf, req.kernel_fusion)(memo_best.layout)
         if req.ep_overlap and memo_best.policy.ep_overlap_ok:  # the overlap asked for, where the layout runs it (a
             lay = with_ep_overlap(lay, memo_best.model)  # review: the gap it makes was put on memo's layout and policy)
         why = framework_runs_why_not(fw, lay, memo_best, req)

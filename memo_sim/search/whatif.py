@@ -129,17 +129,22 @@ def _allocator_variants(layouts: list[Layout], allocator: str) -> list[Layout]:
     return {"caching": layouts, "plan": planned, "both": [x for pair in zip(layouts, planned) for x in pair]}[allocator]
 
 
-def _adapter(adapt: Callable[[Layout], Layout], alloc_conf: str | None) -> Callable[[Layout], Layout]:
-    """The framework's ``adapt`` with the user's allocator settings on top (None: the framework's)."""
-    if alloc_conf is None:
+def _adapter(adapt: Callable[[Layout], Layout], alloc_conf: str | None,
+             kernel_fusion: str | None = None) -> Callable[[Layout], Layout]:
+    """The framework's ``adapt`` with the user's allocator settings and kernel fusion (``Layout.kernel_fusion``:
+    fused, compiled or eager) on top (None: the framework's)."""
+    if alloc_conf is None and kernel_fusion is None:
         return adapt
-    conf = parse_alloc_conf(alloc_conf)
-    rest = conf.text(with_expandable=False)
+    conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
 
     def adapted(lay: Layout) -> Layout:
         lay = adapt(lay)
+        if kernel_fusion is not None:
+            lay = replace(lay, kernel_fusion=kernel_fusion)
+        if conf is None:
+            return lay
         expandable = lay.expandable_segments if conf.expandable_segments is None else conf.expandable_segments
-        return replace(lay, expandable_segments=expandable, alloc_conf=rest)
+        return replace(lay, expandable_segments=expandable, alloc_conf=conf.text(with_expandable=False))
 
     return adapted
 
@@ -196,6 +201,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    chunk_layers: tuple[int, ...] | None = None, ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
                    moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
                    allocator: str = "caching", rank_order: str | None = None, ep_overlap: bool = False,
+                   kernel_fusion: str | None = None,
                    sppo_beside: Callable[..., SppoBeside] | None = None,
                    pipeline_floor: Callable[[list[Candidate]], float | None] | None = None,
                    on_stage: Callable[[str], None] | None = None, offload_beside: bool = False) -> WhatIfResult:
@@ -233,7 +239,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     ``dp_mode``: the data-parallel flavours to search (`memo_sim.dp`): one of the framework's, or ``all``
     of them; None: the framework's first (``any``: zero; torchtitan: fsdp). ``alloc_conf``: the
     caching allocator's settings as ``PYTORCH_CUDA_ALLOC_CONF`` writes them, over the framework's
-    (`memo_sim.layout.alloc_conf`; None: the framework's). ``allocator``: who places the transients
+    (`memo_sim.layout.alloc_conf`; None: the framework's). ``kernel_fusion``: how every candidate's memory-bound
+    kernels are built (`memo_sim.model.kernel_fusion`: fused, compiled or eager; None: the framework's). ``allocator``: who places the transients
     of the policies without MEMO's plan: ``caching`` (PyTorch's caching allocator, as the
     frameworks run), ``plan`` (a static memory plan, `Layout.memory_plan`) or ``both`` side by side
     (single-stage layouts; a pipeline takes the caching allocator under ``both``). ``rank_order``: the rank orders
@@ -270,6 +277,11 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     if model.moe and (ep or 1) > 1 and model.experts % ep:
         raise MemoError(f"--ep {ep}: the {model.experts} experts do not split evenly; pick a divisor of {model.experts}")
     modes = tp_modes_of(tp_mode)
+    if kernel_fusion == "eager":  # async TP is a torch.compile pass (`memo_sim.tp.async_tp`)
+        if tp_mode != "all" and tp_flavour(tp_mode).async_collectives:
+            raise MemoError(f"--tp-mode {tp_mode}: a torch.compile pass, it needs compiled blocks; drop --kernel-fusion "
+                            f"eager or choose another --tp-mode")
+        modes = tuple(m for m in modes if not tp_flavour(m).async_collectives)
     fw = get_framework(framework)
     if tp_mode != "all" and tp_mode not in fw.tp_modes:  # one line naming the versions that run it
         runs = [n for n, f in FRAMEWORKS.items() if tp_mode in f.tp_modes]
@@ -319,7 +331,7 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         why = measured_why_not(parse_balance(moe_balance), model.experts, model.top_k)
         if why:
             raise MemoError(f"--moe-balance: {why}")
-    adapt = _adapter(lambda lay: fw.adapt(lay, profile), alloc_conf)
+    adapt = _adapter(lambda lay: fw.adapt(lay, profile), alloc_conf, kernel_fusion)
     pipe_adapt = adapt if allocator != "plan" else (lambda lay: replace(adapt(lay), memory_plan=True))
     if dp_mode is not None and dp_mode != "all" and dp_mode not in fw.dp_modes:
         raise MemoError(f"--dp-mode {dp_mode}: {fw.name} runs {', '.join(fw.dp_modes)}; choose one of them or all")
@@ -1025,6 +1037,7 @@ PINNABLE: dict[str, tuple[object, Callable[[object], str] | None, str]] = {
     "moe_balance": ("dropless", _value_words("--moe-balance"), "default"),
     "ep_overlap": (False, _switch_words("--ep-overlap", "--no-ep-overlap"), "default"),
     "alloc_conf": (None, _value_words("--alloc-conf"), "default"),
+    "kernel_fusion": (None, _value_words("--kernel-fusion"), "default"),
     "allocator": ("caching", _value_words("--allocator"), "default"),
     "tp_mode": ("all", None, "sentence"),
     "metp_across_nodes": (False, None, "sentence"),

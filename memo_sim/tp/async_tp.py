@@ -38,6 +38,9 @@ class AsyncTP(TPFlavour):
             return f"async TP decomposes the TP collectives: it needs a tensor-parallel degree of at least {self.min_tp}"
         if not layout.sp:
             return "async TP overlaps sequence parallelism's all-gathers and reduce-scatters: sp must be on"
+        if layout.kernel_fusion == "eager":
+            return ("async TP is a torch.compile pass (torch._inductor.config._micro_pipeline_tp): it needs compiled "
+                    "blocks, not kernel_fusion eager")
         return None
 
     def label(self, layout) -> str:

@@ -1,0 +1,129 @@
+"""The kernels eager PyTorch runs for a layer's composite memory-bound ops, and the bytes they move.
+
+An uncompiled Hugging Face or torchtitan layer builds RMSNorm and SwiGLU from separate tensor ops (RMSNorm over an
+fp32 upcast: ``x.float()``, ``pow``, ``mean``, ``add``, ``rsqrt``, ``mul``, the cast back, the weight's ``mul``;
+SwiGLU: ``silu`` then ``mul``), each one kernel on a GPU, and autograd runs the backward of each. This script runs
+them forward and backward on the CPU under a ``TorchDispatchMode`` that records every ATen op the dispatcher runs
+(the same ops on any device: the decomposition and the autograd formulas sit above the backend) with the bytes it
+reads and writes (a broadcast input counted at its storage's size, views and aliases not counted: they launch no
+kernel), and prints, per element of the op's output, the bytes and the kernels of the forward and of the backward.
+`memo_sim.model.eager_kernels` holds the numbers it printed (memo_sim runs without torch); `tests/test_eager_kernels.py`
+runs the same count (`count_eager_kernels`) and checks them.
+
+    python benchmarks/eager_kernels.py [--tokens 4096] [--hidden 1024]
+
+No GPU and no timing: what is measured is what the dispatcher runs, which is what a GPU would launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+from dataclasses import dataclass
+
+DTYPES = ("bf16", "fp32")
+OPS = ("rmsnorm", "swiglu", "layernorm", "gelu")
+
+
+@dataclass(frozen=True)
+class EagerCount:
+    fwd_bytes: float  # bytes the forward's kernels read and write, per element of the op's output
+    fwd_kernels: int
+    bwd_bytes: float
+    bwd_kernels: int
+
+
+def _ops(name: str):
+    """The op as the eager layer writes it: (function of (inputs, weight), its inputs, has weight). RMSNorm:
+    Hugging Face's LlamaRMSNorm and torchtitan's RMSNorm (9dec370 torchtitan/models/norms.py), the same ops in the
+    same order; SwiGLU: silu(gate) * up over the gate and up projections' separate outputs (LlamaMLP, torchtitan's
+    FeedForward); LayerNorm and GELU: torch's own single ops."""
+    import torch
+    import torch.nn.functional as F
+
+    def rmsnorm(xs, w):
+        (x,) = xs
+        dtype = x.dtype
+        a = x.float()
+        a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return w * a.to(dtype)
+
+    def swiglu(xs, _w):
+        gate, up = xs
+        return F.silu(gate) * up
+
+    def layernorm(xs, w):
+        (x,) = xs
+        return F.layer_norm(x, x.shape[-1:], w)
+
+    def gelu(xs, _w):
+        (x,) = xs
+        return F.gelu(x)
+
+    return {"rmsnorm": (rmsnorm, 1, True), "swiglu": (swiglu, 2, False), "layernorm": (layernorm, 1, True),
+            "gelu": (gelu, 1, False)}[name]
+
+
+def count_eager_kernels(name: str, dtype: str, tokens: int, width: int) -> EagerCount:
+    """Run op ``name`` forward and backward on the CPU in ``dtype`` over ``tokens`` x ``width`` outputs and count
+    the ATen ops the dispatcher runs (each a kernel on a GPU) and the bytes they move, per output element."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    def nbytes(t: torch.Tensor) -> int:  # a broadcast (expanded) input is read at its storage's size
+        return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.kernels, self.bytes = 0, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            stores = {t.untyped_storage().data_ptr() for t in ins}
+            if outs and all(o.untyped_storage().data_ptr() in stores for o in outs):
+                return out  # a view or an alias: no kernel
+            self.kernels += 1
+            self.bytes += sum(nbytes(t) for t in ins) + sum(nbytes(t) for t in outs)
+            return out
+
+    tdtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    fn, inputs, has_weight = _ops(name)
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(tokens, width, generator=gen).to(tdtype).requires_grad_() for _ in range(inputs)]
+    w = torch.ones(width, dtype=tdtype, requires_grad=True) if has_weight else None
+    fwd = Record()
+    with fwd:
+        y = fn(xs, w)
+    dy = torch.randn(y.shape, generator=gen).to(tdtype)
+    bwd = Record()
+    with bwd:
+        y.backward(dy)
+    n = tokens * width
+    return EagerCount(fwd.bytes / n, fwd.kernels, bwd.bytes / n, bwd.kernels)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=4096, help="rows of the op's input (tokens)")
+    ap.add_argument("--hidden", type=int, default=1024, help="the op's width (hidden, or the FFN width)")
+    args = ap.parse_args()
+    import torch
+    print(f"# eager kernels: torch {torch.__version__}, {platform.machine()}, "
+          f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
+          f"tokens {args.tokens}, width {args.hidden}")
+    print("| op | dtype | forward bytes / element | forward kernels | backward bytes / element | backward kernels |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name in OPS:
+        for dtype in DTYPES:
+            c = count_eager_kernels(name, dtype, args.tokens, args.hidden)
+            print(f"| {name} | {dtype} | {c.fwd_bytes:.2f} | {c.fwd_kernels} | {c.bwd_bytes:.2f} | {c.bwd_kernels} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
