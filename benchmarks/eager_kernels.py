@@ -6,7 +6,9 @@ SwiGLU: ``silu`` then ``mul``), each one kernel on a GPU, and autograd runs the 
 them forward and backward on the CPU under a ``TorchDispatchMode`` that records every ATen op the dispatcher runs
 (the same ops on any device: the decomposition and the autograd formulas sit above the backend) with the bytes it
 reads and writes (a broadcast input counted at its storage's size, views and aliases not counted: they launch no
-kernel), and prints, per element of the op's output, the bytes and the kernels of the forward and of the backward.
+kernel), and prints, per element of the op's output, the bytes and the kernels of the forward and of the backward,
+and the bytes autograd saves for the backward beyond the op's inputs, weight and output
+(``torch.autograd.graph.saved_tensors_hooks``, each storage once).
 `memo_sim.model.eager_kernels` holds the numbers it printed (memo_sim runs without torch); `tests/test_eager_kernels.py`
 runs the same count (`count_eager_kernels`) and checks them.
 
@@ -32,6 +34,7 @@ class EagerCount:
     fwd_kernels: int
     bwd_bytes: float
     bwd_kernels: int
+    saved_bytes: float  # bytes autograd keeps for the backward but the op's inputs, weight and output, per element
 
 
 def _ops(name: str):
@@ -97,14 +100,22 @@ def count_eager_kernels(name: str, dtype: str, tokens: int, width: int) -> Eager
     xs = [torch.randn(tokens, width, generator=gen).to(tdtype).requires_grad_() for _ in range(inputs)]
     w = torch.ones(width, dtype=tdtype, requires_grad=True) if has_weight else None
     fwd = Record()
-    with fwd:
+    saved: dict[int, int] = {}  # storage -> bytes autograd saves for the backward
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with fwd, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = fn(xs, w)
+    own = {t.untyped_storage().data_ptr() for t in [*xs, y] + ([w] if w is not None else [])}
     dy = torch.randn(y.shape, generator=gen).to(tdtype)
     bwd = Record()
     with bwd:
         y.backward(dy)
     n = tokens * width
-    return EagerCount(fwd.bytes / n, fwd.kernels, bwd.bytes / n, bwd.kernels)
+    return EagerCount(fwd.bytes / n, fwd.kernels, bwd.bytes / n, bwd.kernels,
+                      sum(b for ptr, b in saved.items() if ptr not in own) / n)
 
 
 def main() -> int:
@@ -116,12 +127,14 @@ def main() -> int:
     print(f"# eager kernels: torch {torch.__version__}, {platform.machine()}, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, "
           f"tokens {args.tokens}, width {args.hidden}")
-    print("| op | dtype | forward bytes / element | forward kernels | backward bytes / element | backward kernels |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| op | dtype | forward bytes / element | forward kernels | backward bytes / element | backward kernels | "
+          "saved bytes / element |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for name in OPS:
         for dtype in DTYPES:
             c = count_eager_kernels(name, dtype, args.tokens, args.hidden)
-            print(f"| {name} | {dtype} | {c.fwd_bytes:.2f} | {c.fwd_kernels} | {c.bwd_bytes:.2f} | {c.bwd_kernels} |")
+            print(f"| {name} | {dtype} | {c.fwd_bytes:.2f} | {c.fwd_kernels} | {c.bwd_bytes:.2f} | {c.bwd_kernels} | "
+                  f"{c.saved_bytes:.2f} |")
     return 0
 
 

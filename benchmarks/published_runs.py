@@ -1788,8 +1788,8 @@ STEPS = (
      "cards per node): dense 39 predicted at 11.2% / 35.6%, long-context 20 at 15.3% / 35.6%, the FP8 rows 12 at "
      "17.8% / 29.3%, the MoE group 18 at 20.1% / 46.6%"),
     ("eager PyTorch's composite kernels", "an uncompiled layer's RMSNorm (over an fp32 upcast: 8 kernels forward, "
-     "16 backward, 36 and 92 bytes an element where the fused kernel moves 4 and 8) and SwiGLU (2 and 3 kernels) "
-     "counted under a TorchDispatchMode (`memo_sim.model.eager_kernels`, benchmarks/eager_kernels.py) and priced "
+     "16 backward, 36 and 92 bytes an element where the fused kernel moves 4 and 8) and SwiGLU (2 and 3 kernels), "
+     "with what their autograd keeps for the backward (6 and 2 bytes an element), counted under a TorchDispatchMode (`memo_sim.model.eager_kernels`, benchmarks/eager_kernels.py) and priced "
      "where a framework runs them (kernel_fusion eager: XTuner's Hugging Face layers): the 12 XTuner rows 0.4-7.0 "
      "points slower (10 of them too fast before: xtuner-llama2-7b-32k-sp1 -4.4% to +2.5%, "
      "xtuner-yi-34b-128k-sp8-16gpu -11.4% to -9.1%; xtuner-llama2-70b-32k-sp4 +35.6% to +39.3%), and torchtitan's "

@@ -40,6 +40,7 @@ def test_counts_are_what_the_dispatcher_runs(name, dtype):
     # the weight, the rows' statistics and the weight gradient's partial sums: under 0.2 byte an element here
     assert c.fwd_bytes == pytest.approx(held.fwd_bytes, abs=0.2)
     assert c.bwd_bytes == pytest.approx(held.bwd_bytes, abs=0.2)
+    assert c.saved_bytes == pytest.approx(held.saved_bytes, abs=0.02)
 
 
 @pytest.mark.parametrize("name", ["layernorm", "gelu"])
@@ -49,6 +50,7 @@ def test_layernorm_and_gelu_are_one_kernel_each_way_eager_too(name):
     from eager_kernels import count_eager_kernels
     c = count_eager_kernels(name, "bf16", 1024, 512)
     assert (c.fwd_kernels, c.bwd_kernels) == (1, 1)
+    assert c.saved_bytes < 0.02  # the rows' statistics at most: the fused kernel's memory
 
 
 def test_eager_prices_the_rmsnorms_and_the_swiglu_from_the_counts():
@@ -123,3 +125,44 @@ def test_whatif_kernel_fusion_over_the_framework():
     assert all("async" not in row["layout"] for row in e["candidates"])
     r = CliRunner().invoke(cli, base + ["--kernel-fusion", "eager", "--tp", "2", "--tp-mode", "async_tp"])
     assert r.exit_code == 2 and "needs compiled blocks" in r.output and "Traceback" not in r.output
+
+
+def test_whatif_says_what_eager_kernels_cost_the_best_plan():
+    import json
+
+    from click.testing import CliRunner
+
+    from memo_sim.cli import cli
+    base = ["whatif", "--model", "llama-2-7b", "--layers", "4", "--gpus", "8", "--seq", "32K", "--profile",
+            "a100-sxm4-80gb", "--no-plan"]
+    eager = json.loads(CliRunner().invoke(cli, base + ["--framework", "xtuner", "--json"]).output)["eager_kernels"]
+    assert eager["tgs_tokens_per_gpu_s"] > eager["best_analytic_tgs_tokens_per_gpu_s"]
+    assert "--kernel-fusion fused" in eager["words"]
+    text = CliRunner().invoke(cli, base + ["--framework", "xtuner"]).output
+    assert "eager kernels: the best plan's RMSNorms and SwiGLU" in text
+    assert json.loads(CliRunner().invoke(cli, base + ["--json"]).output)["eager_kernels"] is None
+
+
+def test_eager_saved_tensors_kept_or_rebuilt_as_the_policy_runs_the_ops():
+    from memo_sim.cost.activations import eager_saved_bytes, skeletal_bytes
+    from memo_sim.policy import get_policy
+    eager, seq = Layout(kernel_fusion="eager"), 8192
+    tensors = layer_tensors(LLAMA)
+    h_elems = tensor_bytes(tensors["ln1"], eager, 1, seq) / 2
+    f_elems = tensor_bytes(tensors["act"], eager, 1, seq) / 2
+    # two RMSNorms' fp32 input copies and normalised rows (6 bytes an element), the silu output (2)
+    assert eager_saved_bytes(LLAMA, eager, 1, seq) == pytest.approx(2 * 6 * h_elems + 2 * f_elems)
+    assert eager_saved_bytes(LLAMA, Layout(), 1, seq) == 0.0
+    assert eager_saved_bytes(LLAMA, Layout(kernel_fusion="compiled"), 1, seq) == 0.0
+    assert eager_saved_bytes(PRESETS["gpt-7b"], eager, 1, seq) == 0.0  # LayerNorm and GELU save what fused ones do
+    sk = skeletal_bytes(LLAMA, eager, 1, seq)
+    b = sk["eager_saved"]
+    store, full, sac = get_policy("store_all"), get_policy("full_recompute"), get_policy("op_sac")
+    assert ("eager_saved", b) in store.forward_kept(sk) and ("eager_saved", b) not in store.recompute_allocated(sk)
+    # a recompute that re-runs the norms and the activation saves them again: one layer's, in its recompute buffer
+    for pol in (full, sac):
+        assert ("eager_saved", b) not in pol.forward_kept(sk)
+        assert ("eager_saved", b) in pol.recompute_allocated(sk)
+        assert pol.buffer_bytes(sk) == pytest.approx(sum(x for _n, x in pol.recompute_allocated(sk)))
+    fused = skeletal_bytes(LLAMA, Layout(), 1, seq)
+    assert all(n != "eager_saved" for n, _b in store.forward_kept(fused) + full.recompute_allocated(fused))

@@ -99,8 +99,8 @@ def test_torchao_eab345c_fp8_weights_follow_the_layers_saved_tensors():
     h100 = load_profile("h100-sxm5-80gb")
     store = get_policy("store_all")
     full = get_policy("full_recompute")
-    assert store.kept_weights({"fp8_weights": w}) == [("fp8_weights", w)]
-    assert full.kept_weights({"fp8_weights": w}) == [] and ("fp8_weights", w) in full.recompute_allocated(
+    assert store.kept_extras({"fp8_weights": w}) == [("fp8_weights", w)]
+    assert full.kept_extras({"fp8_weights": w}) == [] and ("fp8_weights", w) in full.recompute_allocated(
         skeletal_bytes(m, lay, 1, 8192))
     bf = dataclasses.replace(m, gemm_format="bf16")
     kept = memory_breakdown(m, lay, 1, 8192, store, h100).skeletal_resident_bytes

@@ -48,7 +48,7 @@ from memo_sim.plan.schema import with_profile_reference, write_plan
 from memo_sim.policy import policy_names
 from memo_sim.profile.loader import load_profile
 from memo_sim.report.formats import resolve_format
-from memo_sim.report.fit_advice import expandable_faster
+from memo_sim.report.fit_advice import eager_kernels_cost, expandable_faster
 from memo_sim.report.sensitivity import sensitivity_line
 from memo_sim.report.whatif_answer import WhatIfView
 from memo_sim.report.whatif_json import answer_fixes, metp_vs_megatron, training_time, whatif_json
@@ -375,7 +375,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
         train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched,
         memo_on_framework=ans.memo_on_framework, split_line=split_words(best, ans.split_best),
-        expandable=expandable_faster(shown, best))
+        expandable=expandable_faster(shown, best), eager=eager_kernels_cost(best))
     emit(whatif_answer(view), show.out_format)
 
 

@@ -22,8 +22,9 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.attention_kernel import DROPOUT_MASK_BYTES, score_matrices
 from memo_sim.cost.gemm_format import saved_weight_bytes
-from memo_sim.model.layer_graph import (DTYPE_BYTES, TensorSpec, block_tensors, fp8_attention_copy, layer_tensors,
-                                        separate_norms, sp_kept_inputs)
+from memo_sim.model.eager_kernels import eager_op
+from memo_sim.model.layer_graph import (DTYPE_BYTES, TensorSpec, block_tensors, forward_ops, fp8_attention_copy,
+                                        layer_tensors, separate_norms, sp_kept_inputs)
 
 
 def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
@@ -229,9 +230,26 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
                                              else 0.0)
     out["op_sac_dropped"], out["op_sac_extra"] = _op_sac_bytes(model, layout, batch, seq)
     # a layer's quantised weight copy where autograd saves it to the layer's backward (not token-wise: no policy
-    # offloads it; `memo_sim.policy.base.Policy.kept_weights`)
+    # offloads it; `memo_sim.policy.base.Policy.kept_extras`)
     out["fp8_weights"] = saved_weight_bytes(model, layout)
+    out["eager_saved"] = eager_saved_bytes(model, layout, batch, seq)
     return out
+
+
+def eager_saved_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
+    """What eager PyTorch's composite norms and activations keep for one layer's backward on one GPU beyond their
+    inputs and outputs (``Layout.kernel_fusion`` ``eager``; `memo_sim.model.eager_kernels` ``saved_bytes`` per
+    element of each op's output); 0 for fused or compiled kernels."""
+    if layout.kernel_fusion != "eager":
+        return 0.0
+    tensors = layer_tensors(model, layout.tp_mode)
+    total = 0.0
+    for op in forward_ops(model):
+        eager = eager_op(model, op, DTYPE_BYTES[model.dtype])
+        if eager is not None:
+            total += eager.saved_bytes * sum(tensor_bytes(tensors[t], layout, batch, seq) / tensors[t].dtype_bytes
+                                             for t in op.outputs)
+    return total
 
 
 def materialised_score_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:

@@ -251,7 +251,7 @@ def saved_weight_bytes(model: ModelConfig, layout: Layout) -> float:
     """One layer's quantised weight copy on one GPU where autograd saves it from the layer's forward to its backward
     (``ModelConfig.fp8_weights_saved``: torchao eab345c's Float8Linear saves ``weight_fp8_t``, one copy of each
     linear weight with its scale; the transposed copy its backward's GEMM makes is a temporary); 0 otherwise. The
-    policy holds it as the layer's saved tensors (`memo_sim.policy.base.Policy.kept_weights`)."""
+    policy holds it as the layer's saved tensors (`memo_sim.policy.base.Policy.kept_extras`)."""
     fmt = model.gemm
     if not (fmt.quantised and model.fp8_weights_saved):
         return 0.0

@@ -388,7 +388,7 @@ class ModelConfig:
     # with a quantised format: each layer's quantised weight copy is made by its forward and saved by autograd for
     # its backward (torchao eab345c's Float8Linear: ``ctx.save_for_backward(input_fp8, weight_fp8_t)``), so one copy
     # a layer lives as the layer's saved tensors do under the activation policy (`memo_sim.policy.base.Policy
-    # .kept_weights`), not as a per-step cache of every layer's (`memo_sim.cost.gemm_format.weight_cache_bytes`);
+    # .kept_extras`), not as a per-step cache of every layer's (`memo_sim.cost.gemm_format.weight_cache_bytes`);
     # set by the framework
     fp8_weights_saved: bool = False
     # with a format whose second copy is a transpose (``GemmFormat.transposed_copy``): whether the casts write it;

@@ -10,6 +10,13 @@ without its Triton kernels, and torchtitan's RMSNorm and FeedForward without ``-
   the fused kernel's one, 36 bytes per element of its output forward where the fused one moves 4;
 - SwiGLU, ``silu(gate) * up``: 2 kernels forward, 3 backward (``mul``'s two gradients, ``silu_backward``).
 
+Autograd also keeps more for their backward than the fused kernel's input and output: RMSNorm the fp32 copy of its
+input and the normalised rows before the weight (6 bytes an element in bf16; 4 in fp32, where the copy is the input
+itself), SwiGLU the silu output (one element a width): ``saved_bytes``, counted by the same script with
+``torch.autograd.graph.saved_tensors_hooks`` (the storages saved but the op's inputs, weight and output). A layer keeps
+them as it keeps its other saved tensors, unless its recompute re-runs these ops (`memo_sim.policy.base.Policy
+.rebuilt_extras`).
+
 LayerNorm (``F.layer_norm``) and GELU (``F.gelu``) are one kernel each way in eager PyTorch too, priced as the
 fused ones (`memo_sim.cost.layer_time`). The numbers below are counted, not timed: `benchmarks/eager_kernels.py`
 runs each op forward and backward under a ``TorchDispatchMode`` and counts the ATen ops the dispatcher runs and
@@ -17,9 +24,9 @@ the bytes they read and write (the same ops on any device), and `tests/test_eage
 Counted with torch 2.13.0 (CPU wheel) on 2026-12-04: ``python benchmarks/eager_kernels.py`` (4,096 tokens x
 1,024; at 8,192 x 4,096 the same to 0.01 byte).
 
-Not modelled: the rotary embedding's eager ops (memo prices no rotary op in any mode), and the extra tensors the
-eager ops' autograd keeps for the backward (RMSNorm's fp32 copy of its input, SwiGLU's silu output): memory is
-priced as for the fused kernels.
+Not modelled: the rotary embedding's eager ops (memo prices no rotary op in any mode); the transient buffers of
+the eager ops (an fp32 copy between two kernels) beside the layer's other transients; what SPPO's and MEMO's
+token-wise policies would do with the eager saved tensors (they keep them on the GPU).
 """
 
 from __future__ import annotations
@@ -32,11 +39,13 @@ from memo_sim.model.layer_graph import OpSpec
 
 @dataclass(frozen=True)
 class EagerOp:
-    """One composite op's kernels: bytes read and written per element of its output, and kernel launches."""
+    """One composite op's kernels: bytes read and written per element of its output, and kernel launches; bytes its
+    autograd keeps for the backward beyond the op's inputs and output, per element of its output."""
     fwd_bytes: float
     fwd_kernels: int
     bwd_bytes: float
     bwd_kernels: int
+    saved_bytes: float
 
     def phase(self, phase: str) -> tuple[float, int]:
         """(bytes per output element, kernels) of the forward (and a recompute's) or the backward (``"bwd"``)."""
@@ -45,10 +54,10 @@ class EagerOp:
 
 # (op, the element's bytes: 2 for bf16 / fp16, 4 for fp32) -> the counts (benchmarks/eager_kernels.py, module docs)
 EAGER_OPS: dict[tuple[str, int], EagerOp] = {
-    ("rmsnorm", 2): EagerOp(36.0, 8, 92.0, 16),
-    ("rmsnorm", 4): EagerOp(28.0, 6, 92.0, 14),
-    ("swiglu", 2): EagerOp(10.0, 2, 18.0, 3),
-    ("swiglu", 4): EagerOp(20.0, 2, 36.0, 3),
+    ("rmsnorm", 2): EagerOp(36.0, 8, 92.0, 16, 6.0),
+    ("rmsnorm", 4): EagerOp(28.0, 6, 92.0, 14, 4.0),
+    ("swiglu", 2): EagerOp(10.0, 2, 18.0, 3, 2.0),
+    ("swiglu", 4): EagerOp(20.0, 2, 36.0, 3, 4.0),
 }
 # the layer graph's activation ops (`memo_sim.model.layer_graph`): the dense FFN's, the routed and the shared experts'
 _ACTIVATIONS = ("act", "expert_act", "shared_act")

@@ -16,7 +16,8 @@ layer's op graph (`memo_sim.model.layer_graph.forward_ops`).
   anything. The fusion does not cross the block (torchtitan compiles each block on its own).
 - ``eager``: neither: the layer's RMSNorms and SwiGLU activations are built from separate tensor ops,
   a kernel each (Hugging Face transformers' layers as XTuner trains them, torchtitan without
-  ``--training.compile``): their kernels and bytes are counted in `memo_sim.model.eager_kernels`.
+  ``--training.compile``): their kernels, bytes and the tensors their autograd keeps are counted in
+  `memo_sim.model.eager_kernels`.
   LayerNorm, GELU and the residual adds are one kernel each in eager PyTorch too, priced as ``fused``.
 
 Not modelled: Inductor's fusion of the rotary embedding, and the rotary embedding's eager ops (memo

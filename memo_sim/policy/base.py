@@ -52,6 +52,9 @@ class Policy:
     takes_alpha: ClassVar[bool] = False
     offloads: ClassVar[bool] = False  # skeletal bytes go to host after the forward
     recomputes_attention: ClassVar[bool] = False  # the whole layer forward re-runs before backward
+    # the recompute re-runs the layer's norms and activations, not the whole layer (torchtitan's per-op
+    # checkpointing): what eager kernels save inside them is made again (`rebuilt_extras`)
+    rebuilds_memory_bound_ops: ClassVar[bool] = False
     static_memory_plan: ClassVar[bool] = False  # transients placed by MEMO's bi-level plan
     needs_experts: ClassVar[bool] = False  # only for mixture-of-experts models (it rebuilds or moves MoE tensors)
     # the skeletal roles an offloading policy copies to host whole (the "other" ones by ``offload_fraction_other``)
@@ -200,28 +203,35 @@ class Policy:
         lse where `keeps_lse`, else none."""
         return [("lse", sk["lse"])] if self.keeps_lse else []
 
-    def kept_weights(self, sk: dict[str, float]) -> list[tuple[str, float]]:
-        """The quantised weight copy a layer's forward saves for its backward (``sk["fp8_weights"]``, where the
-        framework's FP8 library saves it: `memo_sim.cost.gemm_format.saved_weight_bytes`), as a (tensor, bytes) list:
-        kept from the forward to the backward by every layer, like the forward's other saved tensors, but where the
-        recompute re-runs the whole layer (``recomputes_attention``) and saves it again (`rebuilt_weights`): a
-        checkpointed layer's forward saves nothing inside it. Not token-wise: no policy offloads it."""
-        b = sk.get("fp8_weights", 0.0)
-        return [("fp8_weights", b)] if b > 0 and not self.recomputes_attention else []
+    def _extras(self, sk: dict[str, float]) -> tuple[tuple[str, float, bool], ...]:
+        """(tensor, bytes, whether the recompute makes it again) of what a layer's forward saves for its backward
+        beside the skeletal tensors: the quantised weight copy (``sk["fp8_weights"]``, where the framework's FP8
+        library saves it: `memo_sim.cost.gemm_format.saved_weight_bytes`), made again where the recompute re-runs the
+        whole layer (``recomputes_attention``), and what eager PyTorch's composite norms and activations keep
+        (``sk["eager_saved"]``: `memo_sim.model.eager_kernels`), made again where the recompute re-runs them too
+        (``rebuilds_memory_bound_ops``: torchtitan's per-op checkpointing)."""
+        return (("fp8_weights", sk.get("fp8_weights", 0.0), self.recomputes_attention),
+                ("eager_saved", sk.get("eager_saved", 0.0),
+                 self.recomputes_attention or self.rebuilds_memory_bound_ops))
 
-    def rebuilt_weights(self, sk: dict[str, float]) -> list[tuple[str, float]]:
-        """`kept_weights`' copy where the recompute makes it: one layer's, from its recompute to its backward's end."""
-        b = sk.get("fp8_weights", 0.0)
-        return [("fp8_weights", b)] if b > 0 and self.recomputes_attention else []
+    def kept_extras(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """`_extras` kept from the forward to the backward by every layer, like the forward's other saved tensors, as
+        a (tensor, bytes) list: those the recompute does not make again (`rebuilt_extras`: a checkpointed layer's
+        forward saves nothing inside it). Not offloaded by any policy."""
+        return [(n, b) for n, b, rebuilt in self._extras(sk) if b > 0 and not rebuilt]
+
+    def rebuilt_extras(self, sk: dict[str, float]) -> list[tuple[str, float]]:
+        """`_extras` the recompute makes again: one layer's, from its recompute to its backward's end."""
+        return [(n, b) for n, b, rebuilt in self._extras(sk) if b > 0 and rebuilt]
 
     def layer_kept_blocks(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """What a layer holds from its forward to its backward in a whole-model request trace (level 2 of the memory
-        plan): its lse where kept, its `layer_blocks`, its saved weight copy (`kept_weights`)."""
-        return self.kept_lse(sk) + self.layer_blocks(sk) + self.kept_weights(sk)
+        plan): its lse where kept, its `layer_blocks`, its saved weight copy and eager tensors (`kept_extras`)."""
+        return self.kept_lse(sk) + self.layer_blocks(sk) + self.kept_extras(sk)
 
     def forward_kept(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """(tensor, bytes) a layer allocates at its forward and frees after its backward."""
-        return self.kept_lse(sk) + self.kept_weights(sk)
+        return self.kept_lse(sk) + self.kept_extras(sk)
 
     def recompute_allocated(self, sk: dict[str, float]) -> list[tuple[str, float]]:
         """(tensor, bytes) allocated when the recompute starts, freed after the backward."""

@@ -42,7 +42,7 @@ class CheckpointOffload(FullRecompute):
         return 0.0  # no layer's input stays on the device past its offload
 
     def forward_kept(self, sk):
-        return self.kept_lse(sk) + self.kept_weights(sk)  # none: the input goes to the input buffers, the rest rebuilt
+        return self.kept_lse(sk) + self.kept_extras(sk)  # none: the input goes to the input buffers, the rest rebuilt
 
     def layer_blocks(self, sk):
         return []

@@ -40,12 +40,12 @@ class FullRecompute(Policy):
         return sum(b for _n, b in self.recompute_allocated(sk))
 
     def forward_kept(self, sk):
-        return [("input", sk["input"])] + self.kept_lse(sk) + self.kept_weights(sk)
+        return [("input", sk["input"])] + self.kept_lse(sk) + self.kept_extras(sk)
 
     def recompute_allocated(self, sk):
         # the recomputed tensors and the lse the recompute's attention rebuilds (and a saved weight copy its GEMMs
-        # make again: `rebuilt_weights`), freed after the backward
-        return [("recomputed", sk["total"] - sk["input"]), ("lse", sk["lse"])] + self.rebuilt_weights(sk)
+        # make again: `rebuilt_extras`), freed after the backward
+        return [("recomputed", sk["total"] - sk["input"]), ("lse", sk["lse"])] + self.rebuilt_extras(sk)
 
     def layer_blocks(self, sk):
         return [("input", sk["input"])]

@@ -37,6 +37,7 @@ _WHOLE = ("ln1", "out_proj", "add1", "ln2", "act")
 
 @register
 class OpSac(RecomputeModules):
+    rebuilds_memory_bound_ops = True  # the norms, the residual adds and the activation re-run (module docs)
     name = "op_sac"
     summary = ("torchtitan's per-op selective checkpointing: keep every other GEMM's output and the attention's; "
                "re-run the rest of the layer before its backward")
@@ -59,13 +60,14 @@ class OpSac(RecomputeModules):
         return sk.get("op_sac_dropped", 0.0) - sk.get("op_sac_extra", 0.0)  # net of w2's output, which it keeps
 
     def recompute_allocated(self, sk):
-        return [("recomputed", sk.get("op_sac_dropped", 0.0))]
+        # and what eager norms and activations save inside the re-run ops (`rebuilt_extras`; none when compiled)
+        return [("recomputed", sk.get("op_sac_dropped", 0.0))] + self.rebuilt_extras(sk)
 
     def buffer_bytes(self, sk):
-        return sk.get("op_sac_dropped", 0.0)  # one layer's rebuilt tensors at a time
+        return sum(b for _n, b in self.recompute_allocated(sk))  # one layer's rebuilt tensors at a time
 
     def shared_blocks(self, sk, steps, n_layers):
-        return [("recompute_buffer", sk.get("op_sac_dropped", 0.0), steps.bwd(n_layers - 1), steps.end_of_backward)]
+        return [("recompute_buffer", self.buffer_bytes(sk), steps.bwd(n_layers - 1), steps.end_of_backward)]
 
     def recompute_costs(self, model, layout, batch, seq, profile):
         gated = model.ffn_type == "swiglu"

@@ -44,7 +44,7 @@ class SelectiveRecompute(StoreAll):
     keeps_lse = False
 
     def forward_kept(self, sk):
-        return [("skeletal", sk["total"] - sk.get("attn_kernel_out", 0.0))] + self.kept_weights(sk)
+        return [("skeletal", sk["total"] - sk.get("attn_kernel_out", 0.0))] + self.kept_extras(sk)
 
     def recompute_allocated(self, sk):
         return [("lse", sk["lse"])]

@@ -38,7 +38,7 @@ class StoreAll(Policy):
 
     def forward_kept(self, sk):
         out = [("skeletal", sk["total"] - self.not_kept(sk) + sk["lse"])]
-        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else []) + self.kept_weights(sk)
+        return out + ([("scores", self.kept_scores(sk))] if self.kept_scores(sk) > 0 else []) + self.kept_extras(sk)
 
     def layer_blocks(self, sk):
         out = [("skeletal", sk["total"] - self.not_kept(sk))]

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from memo_sim.errors import MemoError
 from memo_sim.layout.alloc_conf import EXPANDABLE_FLAG
+from memo_sim.units import fmt_bytes
 
 MAX_FIXES = 3
 
@@ -116,3 +117,25 @@ def expandable_faster(shown, best) -> dict | None:
         if tried >= EXPANDABLE_TRIES:
             break
     return None
+
+
+def eager_kernels_cost(best) -> dict | None:
+    """What eager PyTorch's composite kernels cost the best plan (``Layout.kernel_fusion`` ``eager``: its RMSNorms and
+    SwiGLU as separate tensor ops, `memo_sim.model.eager_kernels`): the same candidate with one fused kernel each
+    (analytic tier, against the best's analytic throughput), or None where the best's kernels are not eager or
+    nothing is gained."""
+    if best is None or best.layout.kernel_fusion != "eager":
+        return None
+    base = best.estimate.tgs
+    e = _estimate(best, replace(best.layout, kernel_fusion="fused"), best.policy.name, best.policy.alpha)
+    if e is None or e.status != "OK" or e.tgs <= base:
+        return None
+    peak, best_peak = e.memory.peak_gpu_bytes, best.memory.peak_gpu_bytes
+    words = (f"eager kernels: the best plan's RMSNorms and SwiGLU run as eager PyTorch's separate tensor ops "
+             f"(kernel_fusion eager); with one fused kernel each (a compiled block, or hand-fused kernels: "
+             f"--kernel-fusion fused) it runs at {e.tgs:,.0f} tokens/GPU/s (analytic), {e.tgs / base:.2f}x the "
+             f"best's analytic {base:,.0f}, its analytic peak {fmt_bytes(peak)} against {fmt_bytes(best_peak)} (what "
+             f"the eager ops' autograd keeps for the backward)")
+    return {"flag": "--kernel-fusion fused", "tier": "analytic", "tgs_tokens_per_gpu_s": float(e.tgs),
+            "best_analytic_tgs_tokens_per_gpu_s": float(base), "peak_gpu_bytes": float(peak),
+            "best_analytic_peak_gpu_bytes": float(best_peak), "words": words}

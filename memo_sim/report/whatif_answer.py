@@ -50,6 +50,7 @@ class WhatIfView:
     global_batch_fixed: bool = False  # --global-batch given: every row trains the same sequences a step
     split_line: str = ""  # a fixed pipeline split against the search's own (`memo_sim.search.request.split_words`)
     expandable: dict | None = None  # a faster plan that fits with expandable segments (`fit_advice.expandable_faster`)
+    eager: dict | None = None  # what eager kernels cost the best plan (`fit_advice.eager_kernels_cost`)
     split_advice: str | None = None  # nothing fits and the length limits the split: why, and what fits (`split_line`)
 
 
@@ -436,6 +437,8 @@ def whatif_answer(v: WhatIfView) -> Answer:
             a.line(f"  {up}")
         if v.expandable:
             a.line(f"  {v.expandable['words']}")
+        if v.eager:
+            a.line(f"  {v.eager['words']}")
         for t in v.train_lines:
             a.line(f"  {t}")
         for k in (kernel_line(v), executor_line(v), margin_line(v), mfu_line(v), global_batch_line(v),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from memo_sim.layout.parallel import check_layout
 from memo_sim.report.candidate_rows import candidates_json
-from memo_sim.report.fit_advice import expandable_faster, fit_fixes
+from memo_sim.report.fit_advice import eager_kernels_cost, expandable_faster, fit_fixes
 from memo_sim.report.whatif_answer import executor_refuses, runner_up, trained_model
 from memo_sim.search.frameworks import get_framework
 from memo_sim.search.whatif import fold_duplicates, megatron_twin
@@ -54,6 +54,8 @@ def whatif_json(ans, *, elapsed_s: float | None = None, plan_paths: dict | None 
             "runner_up": runner_up(shown, best, result.tier2.mode if result.tier2 is not None else None),
             # a faster configuration that ran out of memory on fragmentation alone fits with expandable segments
             "faster_with_expandable_segments": expandable_faster(shown, best),
+            # what eager PyTorch's composite norms and activations cost the best plan (null: its kernels are not eager)
+            "eager_kernels": eager_kernels_cost(best),
             "train_tokens": train_tokens,
             **training_json(best, train_tokens),
             **candidates_json(shown, all_candidates),
