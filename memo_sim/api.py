@@ -84,10 +84,9 @@ def max_seq(request: WhatifRequest, progress=None) -> list[MaxSeqAnswer]:
     (``answer.max_seq``; None: not even ``request.seq`` fits), its best plan there (``answer.best``, whose
     ``to_plan()`` is the plan to run) and what binds at the next length (``answer.binding``). The layout fields (tp,
     cp, ulysses, dp, zero, sp, pp, optimizer_offload, ep, etp, tp_mode, moe_dispatcher, moe_balance, alloc_conf,
-    kernel_fusion) fix
-    the layout as the command's options do; a field the command has no option for (batch, micro_batch, alpha, vpp,
-    schedules, ...) must keep its default, or one `MemoError` names it. ``request.jobs`` answers the policies in that
-    many processes (the serial answers); ``progress()`` is called as each finishes."""
+    kernel_fusion) fix the layout as the command's options do; a field the command has no option for (batch,
+    micro_batch, alpha, vpp, schedules, ...) must keep its default, or one `MemoError` names it. ``request.jobs``
+    answers the policies in that many processes (the serial answers); ``progress()`` is called as each finishes."""
     if not isinstance(request, WhatifRequest):
         raise MemoError(f"max_seq: request is a {type(request).__name__}, not a WhatifRequest; pass "
                         f"memo_sim.api.WhatifRequest(model=..., seq=STEP, gpus=..., profile=...)")

@@ -7,8 +7,9 @@ import time
 
 import click
 
-from memo_sim.cli.common import (GPU_COUNT, alloc_conf_option, build_model, kernel_fusion_option, count_option, layout_degree_options,
-                               model_options, moe_layout_options, profile_option, progress_bar, progress_option)
+from memo_sim.cli.common import (GPU_COUNT, alloc_conf_option, build_model, count_option, kernel_fusion_option,
+                               layout_degree_options, model_options, moe_layout_options, profile_option, progress_bar,
+                               progress_option)
 from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.policy import policy_class, policy_names
 from memo_sim.profile.loader import load_profile
@@ -48,9 +49,8 @@ from memo_sim.units import fmt_count
 @format_options
 def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, mtp_layers, precision,
            gpus, profile_name, policies, framework,
-           step, allocator, alloc_conf, kernel_fusion, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload, ep, etp,
-           moe_dispatcher,
-           moe_balance, jobs, progress, out_format, as_json):
+           step, allocator, alloc_conf, kernel_fusion, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload,
+           ep, etp, moe_dispatcher, moe_balance, jobs, progress, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
     constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp (and a mixture of
     experts' --ep, --etp) fix the layout (the longest sequence of one layout, as a published run fixes it);
@@ -61,8 +61,9 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
     from memo_sim.search.maxseq import max_seq_runs, maxseq_fixed, maxseq_runs_asked
     from memo_sim.search.whatif import default_jobs
 
-    fixed = maxseq_fixed(tp_mode, moe_dispatcher, moe_balance, alloc_conf, kernel_fusion, tp=tp, cp=cp, ulysses=ulysses, dp=dp,
-                         zero=zero, sp=sp, pp=pp, optimizer_offload=optimizer_offload, ep=ep, etp=etp)
+    fixed = maxseq_fixed(tp_mode, moe_dispatcher, moe_balance, alloc_conf, kernel_fusion, tp=tp, cp=cp,
+                         ulysses=ulysses, dp=dp, zero=zero, sp=sp, pp=pp, optimizer_offload=optimizer_offload,
+                         ep=ep, etp=etp)
 
     fmt = resolve_format(out_format, as_json)
     t0 = time.perf_counter()

@@ -232,6 +232,7 @@ def _skeletal_bytes_dict(model: ModelConfig, layout: Layout, batch: int, seq: in
     # a layer's quantised weight copy where autograd saves it to the layer's backward (not token-wise: no policy
     # offloads it; `memo_sim.policy.base.Policy.kept_extras`)
     out["fp8_weights"] = saved_weight_bytes(model, layout)
+    # what eager norms and activations keep beyond their inputs and outputs (kept or rebuilt as `kept_extras` says)
     out["eager_saved"] = eager_saved_bytes(model, layout, batch, seq)
     return out
 

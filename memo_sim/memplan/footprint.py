@@ -234,7 +234,7 @@ def _shard_terms(model: ModelConfig, shard: Layout, batch: int, seq: int, policy
     sk = skeletal_bytes(model, shard, batch, seq)
     n = model.layers
     cached = partial(_caching_reserved, model, shard, batch, seq, policy)
-    # the layers' saved weight copies (`Policy.kept_extras`) kept beside their skeletal tensors
+    # the layers' saved weight copies and eager ops' tensors (`Policy.kept_extras`) kept beside their skeletal tensors
     resident = policy.resident_bytes(sk, n) + n * sum(b for _n, b in policy.kept_extras(sk))
     return (sk, resident, policy.buffer_bytes(sk), policy.backward_buffer_bytes(sk),
             transient_peak_bytes(model, shard, batch, seq, policy),

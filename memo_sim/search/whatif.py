@@ -240,7 +240,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     of them; None: the framework's first (``any``: zero; torchtitan: fsdp). ``alloc_conf``: the
     caching allocator's settings as ``PYTORCH_CUDA_ALLOC_CONF`` writes them, over the framework's
     (`memo_sim.layout.alloc_conf`; None: the framework's). ``kernel_fusion``: how every candidate's memory-bound
-    kernels are built (`memo_sim.model.kernel_fusion`: fused, compiled or eager; None: the framework's). ``allocator``: who places the transients
+    kernels are built (`memo_sim.model.kernel_fusion`: fused, compiled or eager; None: the framework's).
+    ``allocator``: who places the transients
     of the policies without MEMO's plan: ``caching`` (PyTorch's caching allocator, as the
     frameworks run), ``plan`` (a static memory plan, `Layout.memory_plan`) or ``both`` side by side
     (single-stage layouts; a pipeline takes the caching allocator under ``both``). ``rank_order``: the rank orders
@@ -279,8 +280,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     modes = tp_modes_of(tp_mode)
     if kernel_fusion == "eager":  # async TP is a torch.compile pass (`memo_sim.tp.async_tp`)
         if tp_mode != "all" and tp_flavour(tp_mode).async_collectives:
-            raise MemoError(f"--tp-mode {tp_mode}: a torch.compile pass, it needs compiled blocks; drop --kernel-fusion "
-                            f"eager or choose another --tp-mode")
+            raise MemoError(f"--tp-mode {tp_mode}: a torch.compile pass, it needs compiled blocks; drop "
+                            f"--kernel-fusion eager or choose another --tp-mode")
         modes = tuple(m for m in modes if not tp_flavour(m).async_collectives)
     fw = get_framework(framework)
     if tp_mode != "all" and tp_mode not in fw.tp_modes:  # one line naming the versions that run it
