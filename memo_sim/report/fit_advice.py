@@ -126,9 +126,17 @@ def eager_kernels_cost(best) -> dict | None:
     nothing is gained."""
     if best is None or best.layout.kernel_fusion != "eager":
         return None
+    from memo_sim.policy import policy_class  # noqa: PLC0415
+    from memo_sim.search.whatif import make_candidate  # noqa: PLC0415
+
     base = best.estimate.tgs
-    e = _estimate(best, replace(best.layout, kernel_fusion="fused"), best.policy.name, best.policy.alpha)
-    if e is None or e.status != "OK" or e.tgs <= base:
+    alpha = best.policy.alpha if policy_class(best.policy.name).takes_alpha else None
+    try:  # the same schedule (a pipeline's own), layout and policy, its kernels fused
+        e = make_candidate(best.model, replace(best.layout, kernel_fusion="fused"), best.policy.name, best.batch,
+                           best.seq, best.profile, alpha, micro_batch=best.micro_batch, schedule=best.schedule)
+    except MemoError:
+        return None
+    if e.status != "OK" or e.tgs <= base:
         return None
     peak, best_peak = e.memory.peak_gpu_bytes, best.memory.peak_gpu_bytes
     words = (f"eager kernels: the best plan's RMSNorms and SwiGLU run as eager PyTorch's separate tensor ops "
