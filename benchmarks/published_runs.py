@@ -1049,15 +1049,21 @@ def _variant_error(r: Result, label: str) -> str:
     return _beside(r, label, lambda v: f"{100 * (v / r.run.published_s - 1):+.1f}%") or "not run"
 
 
+def _xt_layer_costs(run: Run, layout: Layout | None = None) -> dict[str, list]:
+    """An XTuner row's layer ops of one micro-batch (one sequence on the rank) by phase, ``fwd`` and ``bwd``, on the
+    row's layout or ``layout``: what `_xt_shares` and `_xt_compute` read."""
+    from memo_sim.cost.layer_time import backward_costs, forward_costs
+
+    model, prof = run.model(), load_profile(run.profile)
+    lay = layout or run.layout()
+    return {"fwd": forward_costs(model, lay, 1, run.seq, prof), "bwd": backward_costs(model, lay, 1, run.seq, prof)}
+
+
 def _xt_shares(run: Run) -> dict[str, float]:
     """Percent of memo's layer forward and backward (every op of the rank's micro-batch, compute and collectives)
     that attention and the Ulysses all-to-alls take, and of the two together attention's: an XTuner row's words."""
-    from memo_sim.cost.layer_time import backward_costs, forward_costs
-
-    model, prof, lay = run.model(), load_profile(run.profile), run.layout()
     out = {}
-    for phase, fn in (("fwd", forward_costs), ("bwd", backward_costs)):
-        costs = fn(model, lay, 1, run.seq, prof)
+    for phase, costs in _xt_layer_costs(run).items():
         total = sum(c.seconds for c in costs)
         out[f"attn_{phase}"] = 100 * sum(c.seconds for c in costs if c.kind == "attention") / total
         out[f"a2a_{phase}"] = 100 * sum(c.seconds for c in costs if c.name.startswith("alltoall")) / total
@@ -1084,21 +1090,20 @@ def _xt_compute(r: Result) -> dict[str, float]:
     ops, the full recompute a forward again; ``eager``: how much of it the eager kernels add over fused ones) against
     the measured iteration (one micro-batch), and memo's step per micro-batch above it: the words of the ZeRO-3 row's
     text."""
-    from memo_sim.cost.layer_time import backward_costs, forward_costs
-
     run = r.run
-    model, prof, lay = run.model(), load_profile(run.profile), run.layout()
+    layers = run.model().layers
 
-    def compute(layout: Layout) -> tuple[float, float]:
-        return tuple(model.layers * sum(c.seconds for c in fn(model, layout, 1, run.seq, prof) if c.stream == "compute")
-                     for fn in (forward_costs, backward_costs))
+    def compute(layout: Layout | None = None) -> tuple[float, float]:
+        costs = _xt_layer_costs(run, layout)
+        return tuple(layers * sum(c.seconds for c in costs[p] if c.stream == "compute") for p in ("fwd", "bwd"))
 
-    fwd, bwd = compute(lay)
-    fused = compute(replace(lay, kernel_fusion="fused"))
+    fwd, bwd = compute()
+    fused = compute(replace(run.layout(), kernel_fusion="fused"))
     total = 2 * fwd + bwd
-    it = run.published_s / (run.global_batch // run.dp)
-    return {"fwd": fwd, "bwd": bwd, "all": total, "over": 100 * (total / it - 1), "eager": total - 2 * fused[0] - fused[1],
-            "above": r.predicted_s / (run.global_batch // run.dp) - total}
+    micro_batches = run.global_batch // run.dp
+    it = run.published_s / micro_batches
+    return {"fwd": fwd, "bwd": bwd, "all": total, "it": it, "over": 100 * (total / it - 1),
+            "eager": total - 2 * fused[0] - fused[1], "above": r.predicted_s / micro_batches - total}
 
 
 def _xt_memory(extra: str, attn: Callable[[Result], str]) -> Callable[[Result], str]:
@@ -1111,7 +1116,7 @@ OUTLIERS.update({
         "memo too slow: the ZeRO-3 collectives, exposed and beside the compute. memo's layers' compute of a micro-batch "
         "({fwd:.1f} s forward, as much again recomputed, {bwd:.1f} s backward: {all:.1f} s, the eager RMSNorms and "
         "SwiGLU of HF's layers included, {eager:.1f} s more than as fused kernels) is already {over:+.1f}% against the "
-        "measured 27.2 s iteration; the 70B "
+        "measured {it:.1f} s iteration; the 70B "
         "weights gathered for the forward, the recompute and the backward and the bf16 gradients reduce-scattered "
         "(every micro-batch, as DeepSpeed ZeRO-3 does at GAS 4) over 4 nodes at the profile's 12.5 GB/s per GPU (4 HDR "
         "cards per node) take about as long as that compute: memo leaves part of them exposed and, since 2026-12-03, "
