@@ -176,7 +176,7 @@ def _narayanan(size, hidden, layers, heads, mp, gpus, batch, tflops):
 
 def _korthikanti(size, hidden, layers, heads, tp, pp, gpus, batch, mode, seconds, vpp=1):
     full = mode == "full"
-    sched = (f"micro-batch 1, " + (f"interleaved 1F1B with {vpp} chunks per GPU" if vpp > 1 else "1F1B")
+    sched = ("micro-batch 1, " + (f"interleaved 1F1B with {vpp} chunks per GPU" if vpp > 1 else "1F1B")
              + f": calculon-ai/calculon validation/{size}_{'full' if full else 'seqsel'}.json (microbatch_size, "
              "pipeline_interleaving)") if pp > 1 else ""
     return Run(f"korthikanti-{size}-{mode}", KORTHIKANTI,
@@ -355,12 +355,14 @@ _XT_ZERO2 = ("ZeRO-2 (the SP page's example launch command)", (("zero", 2),))
 _XT_SELENE = ("8 HDR per node (dgx-a100-selene)", (("profile", "dgx-a100-selene"),))
 
 
-def _xtuner_variants(m: ModelConfig, gpus: int):
+_XT_FP32 = "fp32 gradients (grad_accum_dtype fp32: megatron recipe)"
+
+
+def _xtuner_variants(gpus: int):
     """Inputs memo also runs an XTuner row with, beside its prediction (never counted): the other ZeRO stage of
     XTuner's docs, fp32 gradients (DeepSpeed with data_types.grad_accum_dtype fp32; the `megatron` recipe), and, where the run spans nodes, Selene's
     eight HDR cards per node (the page states no interconnect)."""
-    out = [_XT_ZERO2, ("fp32 gradients (grad_accum_dtype fp32: megatron recipe)",
-                       (("arch", replace(m, precision="megatron")),))]
+    out = [_XT_ZERO2, (_XT_FP32, (("precision", "megatron"),))]
     if gpus > 8:
         out.append(_XT_SELENE)
     return tuple(out)
@@ -381,7 +383,7 @@ def _xtuner(rid, m, name, gpus, seq, sp, gas, tgs, tflops, cfg_file, gas_src=Non
     return Run(f"xtuner-{rid}", source, cfg, gas * it, note, framework="xtuner", profile="a100-sxm4-80gb",
                arch=m, seq=seq, ulysses=sp, dp=dp, zero=3, global_batch=dp * gas, micro_batch=1,
                schedule_source=f"micro-batch 1 (batch_size = 1 # per_device), GAS {gas}: {cfg_file}",
-               policy="full_recompute", dtype="bf16", variants=_xtuner_variants(m, gpus))
+               policy="full_recompute", dtype="bf16", variants=_xtuner_variants(gpus))
 
 
 _XT_CFG = "xtuner/configs/llama_speed_benchmark/{}/{}.py"
@@ -819,6 +821,24 @@ def _ep_nodes(run: Run) -> str:
     return f"{nodes} node{'s' if nodes > 1 else ''}, {ranks_per_node(ranks, gpn)} ranks on a node"
 
 
+def _stream_words(run: Run) -> str:
+    """Where memo's step of ``run`` goes (the event simulator's ops, recorded): the data-parallel stream's busy
+    seconds (its gathers and reduce-scatters apart) against the compute's and the expert dispatcher's."""
+    sim = simulate(run.model(), run.layout(), run.global_batch // run.dp, run.seq, get_policy(run.policy),
+                   load_profile(run.profile), keep_timeline=False, schedule=run.schedule(),
+                   micro_batch=run.micro_batch, record=True)
+    busy: dict[str, float] = {}
+    for o in sim.ops:
+        if o.end is not None:
+            key = o.stream if o.stream != "dp_comm" else ("gather" if "gather" in o.name else "reduce")
+            busy[key] = busy.get(key, 0.0) + o.end - o.start
+    dp = busy.get("gather", 0.0) + busy.get("reduce", 0.0)
+    return (f"memo's data-parallel stream is busy {dp:.1f} s of its {sim.iteration_s:.2f} s step (the fp32 "
+            f"reduce-scatters {busy.get('reduce', 0.0):.1f} s, the gathers {busy.get('gather', 0.0):.1f} s) against "
+            f"{busy.get('compute', 0.0):.1f} s of compute and {busy.get('ep_comm', 0.0):.1f} s of DeepEP dispatch "
+            "and combine")
+
+
 _VPP7 = lambda r: (  # noqa: E731
     "the interleaved schedule with one-layer chunks (VPP 7). memo gives it the whole bubble reduction of 7 chunks "
     "per GPU" + _beside(r, "VPP 1 (1F1B)", lambda v: f": this row at VPP 1 (plain 1F1B, beside the row) predicts "
@@ -870,18 +890,21 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "busy by its host: where the host cannot issue the kernels as fast as they run (a1's gap, measured below), "
         "hiding a collective saves less than its time. These are named and not priced; no constant is set from "
         "this row. " + _HOST_BOUND),
-    "moe-zoo-qwen3-235b-a3-fsdp": (
+    "moe-zoo-qwen3-235b-a3-fsdp": lambda r: (
         "memo too slow: the data-parallel collectives it prices exposed. Megatron-FSDP (memo's ZeRO 3, as "
         "custom_fsdp at 1e05700595 runs it) all-gathers each layer's weights before its forward and again before "
         "its recompute and backward and reduce-scatters its gradients after every micro-batch's backward (4 "
         "micro-batches of 4 sequences); the expert weights (16 experts a GPU at EP 8, 0.3B parameters a layer) "
-        "shard over their 32 expert-data-parallel ranks, one per node, so every gather and reduce-scatter crosses "
-        "InfiniBand at 50 GB/s a GPU. memo's data-parallel stream is busy 22.1 s of its 22.43 s step (the fp32 "
-        "reduce-scatters 10.8 s, the gathers 11.3 s) against 11.7 s of compute and 2.5 s of DeepEP dispatch and "
-        "combine, so the step is the collectives' time. The row states 'FSDP On' and nothing else: with the "
-        "gradients reduce-scattered in bf16 (--grad-reduce-in-bf16, Megatron-FSDP's other setting) memo predicts "
-        "17.39 s (-1.2%), given beside the row and not counted. Not modelled either: the table's 'disable log para "
-        "norm' and --manual-gc."),
+        "shard over their 32 expert-data-parallel ranks, one per node, so every gather and reduce-scatter of theirs "
+        "crosses InfiniBand on one GPU's 50 GB/s (the dense weights' group of 128 has 4 ranks a node, whose shares "
+        "its ring's node hop rides since 2026-12-04: memo_sim/cost/collectives.py ring_params). "
+        "{streams}, so the step is the collectives' time. The row states 'FSDP On' and nothing else".format(
+            streams=_stream_words(r.run))
+        + _beside(r, "gradients reduced in bf16 (--grad-reduce-in-bf16)",
+                  lambda v: f": with the gradients reduce-scattered in bf16 (--grad-reduce-in-bf16, Megatron-FSDP's "
+                            f"other setting) memo predicts {v:.2f} s ({100 * (v / r.run.published_s - 1):+.1f}%), "
+                            "given beside the row and not counted")
+        + ". Not modelled either: the table's 'disable log para norm' and --manual-gc."),
     "moe-zoo-qwen3-235b-a4-pp32-alltoall": lambda r: (
         "memo too fast; not pinned down. The pipeline is not where memo loses it: 32 stages over 512 micro-batches "
         "leave a small bubble, and memo's three chunks a GPU gain little over one"
@@ -982,7 +1005,12 @@ RUNS = RUNS + MOE_RUNS
 
 # Rows whose |error| exceeds 10%, with the mechanism memo is missing or the input it lacks (analysis
 # of the row, not a correction: nothing here changes a prediction).
-_H100 = ("memo too fast, by more as the model shrinks (1.7B -17.8%, 7.1B -16.8%, 16B -10.5%, 32B -5.3%). The "
+_H100 = ("memo too fast, by more as the model shrinks (1.7B {e17}, 7.1B {e71}, 16B {e16}, 32B {e32}). Since "
+         "2026-12-04 the distributed optimizer's gradient reduce-scatters and weight gathers over the 48 replicas "
+         "(6 nodes) run their ring's node hop on the NIC shares of the group's ranks on the node (8 at TP 1, 4 at TP "
+         "2, 2 at TP 4: memo_sim/cost/collectives.py ring_params), no longer on one GPU's 50 GB/s; what they left "
+         "exposed (the last buckets, the 131K-vocabulary embedding's gather before the first layer and its bucket "
+         "after the last) went with it: 1.7B from -8.8%, 7.1B from -7.0%, 16B from -0.4%. The "
          "h100-sxm5-80gb profile's curves are measured now (bf16 GEMMs by memo-exec calibrate on an H100, 0.72 of "
          "the peak at the top; cuDNN 9.19's fused attention on an H200 and an H100, 56-65% of the peak forward, "
          "50-57% backward: reports/gpu-h200-2026-11-26.md), and they moved these rows by under 2 points (1.7B from "
@@ -992,7 +1020,9 @@ _H100 = ("memo too fast, by more as the model shrinks (1.7B -17.8%, 7.1B -16.8%,
          "feel (memo prices each kernel alone on the GPU, with no CPU launch time; the 1.7B layer's forward is 0.9 "
          "ms), and the GEMM curve's FLOP-only form (the H200's shape sweep runs the same FLOPs at 0.47-0.76 of the "
          "peak by shape). --tp-comm-overlap is not modelled (it would make memo faster still).")
-OUTLIERS = {"megatron2024-1.7B": _H100, "megatron2024-7.1B": _H100, "megatron2024-16B": _H100}
+_H100_ROWS = {f"e{k}": f"megatron2024-{k}B" for k in ("1.7", "7.1", "16", "32")}
+OUTLIERS = dict.fromkeys(_H100_ROWS.values(), lambda r: _H100.format(
+    **{k.replace(".", ""): _other_error(rid) for k, rid in _H100_ROWS.items()}))
 # the long-context XTuner rows (issue #45 item 1; memo's per-layer split from `memo_sim.cost.layer_time` and the peak
 # from the simulation at this commit, a100-sxm4-80gb)
 # FlashAttention-2 at the calls of a Ulysses rank at 1M tokens, measured (benchmarks/gpu/probe_kernels.py)
@@ -1081,8 +1111,8 @@ _XT_MEMORY_TEXT = (
     "Llama-2-70B 189.7 at 128K SP 8 to 127.6 at 256K SP 16) and hold where it is not (Llama-2-7B, {small} in memo: "
     "180.3 to 176.9), the pattern of memory pressure rather than of the attention kernel, whose share of memo's "
     "layer is {attn}. Not pinned down: the run's memory is not stated, how often the cluster's allocator flushed its "
-    "cache is not either, and the interconnect (the 'dgx-a100-selene' variant) and fp32 gradients (the 'megatron "
-    "recipe' variant) each move memo by less than 1%" + _PRESSURE_MEASURED)
+    "cache is not either; the interconnect (the 'dgx-a100-selene' variant beside the row: {selene}) and fp32 "
+    "gradients (the 'megatron recipe' variant: {fp32}) move memo little" + _PRESSURE_MEASURED)
 
 
 def _xt_compute(r: Result) -> dict[str, float]:
@@ -1110,26 +1140,28 @@ def _xt_memory(extra: str, attn: Callable[[Result], str]) -> Callable[[Result], 
     """An XTuner memory row's text, its peak and replay from the row's own result, ``attn`` its words on attention's
     share of memo's layer."""
     return lambda r: _XT_MEMORY_TEXT.format(peak=_peak_words(r), replay=_replay_words(r), extra=extra, attn=attn(r),
-                                            small=_other_peak("xtuner-llama2-7b-256k-sp8"))
+                                            small=_other_peak("xtuner-llama2-7b-256k-sp8"),
+                                            selene=_variant_error(r, _XT_SELENE[0]), fp32=_variant_error(r, _XT_FP32))
 OUTLIERS.update({
     "xtuner-llama2-70b-32k-sp4": lambda r: (
-        "memo too slow: the ZeRO-3 collectives, exposed and beside the compute. memo's layers' compute of a micro-batch "
+        "memo too slow, most of it in the compute: memo's layers' compute of a micro-batch "
         "({fwd:.1f} s forward, as much again recomputed, {bwd:.1f} s backward: {all:.1f} s, the eager RMSNorms and "
         "SwiGLU of HF's layers included, {eager:.1f} s more than as fused kernels) is already {over:+.1f}% against the "
-        "measured {it:.1f} s iteration; the 70B "
-        "weights gathered for the forward, the recompute and the backward and the bf16 gradients reduce-scattered "
-        "(every micro-batch, as DeepSpeed ZeRO-3 does at GAS 4) over 4 nodes at the profile's 12.5 GB/s per GPU (4 HDR "
-        "cards per node) take about as long as that compute: memo leaves part of them exposed and, since 2026-12-03, "
-        "runs the kernels beside the hidden rest on the 84 of 108 SMs NCCL's 24 channels leave them "
-        "(memo_sim/cost/comm_sms.py; +18.6% before), {above:.1f} s a micro-batch above the compute "
-        "in all. The interconnect is not stated".format(**_xt_compute(r))
+        "measured {it:.1f} s iteration, and the ZeRO-3 collectives add {above:.1f} s a micro-batch above it (the 70B "
+        "weights gathered for the forward, the recompute and the backward and the bf16 gradients reduce-scattered, "
+        "every micro-batch as DeepSpeed ZeRO-3 does at GAS 4, over 4 nodes: the exposed part, and the kernels beside "
+        "the hidden rest on the 84 of 108 SMs NCCL's 24 channels leave them, memo_sim/cost/comm_sms.py). Since "
+        "2026-12-04 each ring's node hop runs on the NIC shares of the group's 8 ranks on the node (the node's 4 HDR "
+        "cards, 100 GB/s: memo_sim/cost/collectives.py ring_params), no longer on one GPU's 12.5 GB/s: +39.3% "
+        "before, when the collectives took about as long as the compute and the row was comm-bound in memo alone "
+        "(the cluster hid them). The interconnect is not stated".format(**_xt_compute(r))
         + _beside(r, "8 HDR per node (dgx-a100-selene)",
-                  lambda v: f": with Selene's 8 HDR cards per node memo is at {100 * (v / r.run.published_s - 1):+.1f}% "
-                            "(+2.0% before the SMs were priced)")
+                  lambda v: f": with Selene's 8 HDR cards per node memo is at {100 * (v / r.run.published_s - 1):+.1f}%")
         + ". Before the deepspeed framework data ran bf16 with DeepSpeed's 16-bit gradients (its engine's default) "
-        "memo reduced fp32 gradients here and was +57.7%; the 'megatron recipe' variant beside the row shows it. The "
-        "row is comm-bound only in memo: the cluster hid nearly all of it behind the compute, which points to a "
-        "network faster than either profile's (the source states none)"),
+        "memo reduced fp32 gradients here and was +57.7%"
+        + _beside(r, _XT_FP32,
+                  lambda v: f"; with fp32 gradients now (the 'megatron recipe' variant beside the row) "
+                            f"{100 * (v / r.run.published_s - 1):+.1f}%")),
     "xtuner-llama2-7b-1m-sp16": lambda r, _t=(
         "memo too fast; not pinned down. Attention is {attn:.0f}% of memo's layer (2 heads per GPU over the whole "
         "1M-token sequence; the Ulysses all-to-alls across the 2 nodes of SP 16 are {a2a_fwd:.0f}% of the forward and "
@@ -1163,11 +1195,12 @@ OUTLIERS.update({
         "rank gives {one} (the ulysses_kv column). Attention is {attn_fwd:.0f}% of memo's forward and {attn_bwd:.0f}% "
         "of its backward, in calls of 7e13 FLOPs, the size of the Llama-2-7B 256K row's (within 6%); the all-to-alls "
         "are {a2a_fwd:.0f}% and {a2a_bwd:.0f}%. The interconnect is not stated: Selene's 8 HDR per node makes memo "
-        "faster still ({selene}); fp32 gradients change nothing" + _PRESSURE_MEASURED): _t.format(
+        "faster still ({selene}); fp32 gradients give {fp32}" + _PRESSURE_MEASURED): _t.format(
         peak=_peak_words(r), replay=_replay_words(r), mine=r.predicted_s / (r.run.global_batch // r.run.dp),
         one=(lambda e: f"{(1 + e) * r.run.published_s / (r.run.global_batch // r.run.dp):.1f} s" if e is not None
              else "no fit")(dict(r.ablation).get("ulysses_kv")),
-        selene=_variant_error(r, "8 HDR per node (dgx-a100-selene)"), **_xt_shares(r.run)),
+        selene=_variant_error(r, "8 HDR per node (dgx-a100-selene)"), fp32=_variant_error(r, _XT_FP32),
+        **_xt_shares(r.run)),
     "xtuner-llama2-70b-1m-sp64": lambda r, _t=(
         "memo too fast; not pinned down. Here memo's repeat is XTuner's (SP 64 over 8 K/V heads: each repeated 8 times, "
         "one K and one V head per rank, the bytes of 7575f2c91's repeat to the 64 query heads), and memory is not "
@@ -1218,7 +1251,7 @@ _TITAN_CP_RING = ("; (2) PyTorch's experimental context parallelism of 2024-12 b
                   "left is the calls' speed at these shapes beyond the curve (the non-causal half-chunk calls were "
                   "measured as fast as the causal one)")
 _TITAN_FSDP = (
-    "memo too fast on a GEMM-bound 8K step (Llama 3.1 8B, FSDP, per-op selective checkpointing, compiled): memo's step "
+    "memo too fast on a GEMM-bound 8K step (Llama 3.1 8B, FSDP, per-op selective checkpointing, <fusion>): memo's step "
     "is {memo}, {gemm} of it the layers' GEMMs (forward, backward and the re-run ones: the curve memo-exec calibrate "
     "measured on a 700 W H100, with " + _POWER + ") and {attn} attention (FlashAttention-2 as measured on an H200). "
     "Candidates, none pinned down: " + _POWER_LEFT + "; and FSDP's per-layer all-gathers and reduce-scatters, which "
@@ -1320,10 +1353,38 @@ def _titan_text(template: str, cp: str = "") -> Callable[[Result], str]:
     return text
 
 
+def _history_error(commit: str, rid: str) -> float | None:
+    """The row's error recorded in `HISTORY` at ``commit`` (the state before that change), None where not recorded."""
+    return next((errs.get(rid) for c, _, _, errs in HISTORY if c == commit), None)
+
+
+def _titan_fsdp_text(rid: str) -> Callable[[Result], str]:
+    """Tables 1 and 3's FSDP rows (8 GPUs on one node, 128 on 16 nodes, the same local batch): the GEMM-bound
+    step's text, and on a Table 3 row its step against the Table 1 row's, measured and in memo, now and before the
+    ring collectives' node hops ran on the node ranks' NIC shares (`HISTORY` 9fa06cc)."""
+    base = _titan_text(_TITAN_FSDP.replace("<fusion>", "compiled" if rid.endswith("-compile") else "eager"))
+    one = rid.replace("t3-fsdp128", "t1-fsdp")
+
+    def text(r: Result) -> str:
+        words = base(r)
+        t1, old = _PREDICTED.get(one), _history_error("9fa06cc", rid)
+        if one == rid or t1 is None or t1.predicted_s is None:
+            return words
+        measured = r.run.published_s / t1.run.published_s
+        before = (f", {(1 + old) * r.run.published_s / t1.predicted_s:.3f}x before, when each rank's bytes rode its "
+                  "own 50 GB/s share" if old is not None else "")
+        return (f"{words}. Against Table 1's run on one node ({one}, the same local batch): measured "
+                f"{measured:.3f}x its step on 16 nodes, memo {r.predicted_s / t1.predicted_s:.3f}x, since 2026-12-04 "
+                "with FSDP's all-gathers and reduce-scatters across nodes on the NIC shares of the group's 8 ranks on "
+                f"each node (memo_sim/cost/collectives.py ring_params){before}")
+    return text
+
+
 OUTLIERS.update({
     "torchtitan-t2-cp1": _titan_text(_TITAN_CP, " (no CP in this row)"),
     **{f"torchtitan-t2-cp{k}": _titan_text(_TITAN_CP, _TITAN_CP_RING) for k in (2, 4, 8)},
-    **dict.fromkeys(("torchtitan-t1-fsdp-compile", "torchtitan-t3-fsdp128-compile"), _titan_text(_TITAN_FSDP)),
+    **{rid: _titan_fsdp_text(rid) for rid in ("torchtitan-t1-fsdp", "torchtitan-t1-fsdp-compile",
+                                              "torchtitan-t3-fsdp128", "torchtitan-t3-fsdp128-compile")},
     **dict.fromkeys(("torchtitan-t5-1f1b", "torchtitan-t5-interleaved", *(f"torchtitan-t6-cp{k}" for k in (1, 2, 4, 8))),
                     _titan_pp_text),
     "torchtitan-t4-2d": _titan_text(_TITAN_TP),
@@ -1528,6 +1589,20 @@ HISTORY = (
       "xtuner-yi-34b-256k-sp8": -0.254, "xtuner-llama2-70b-32k-sp4": 0.356, "xtuner-llama2-70b-128k-sp8": -0.042,
       "xtuner-llama2-70b-256k-sp16": -0.286, "xtuner-llama2-70b-1m-sp64": -0.252,
       "xtuner-yi-34b-128k-sp8-16gpu": -0.114}),
+    ("9fa06cc", "2026-12-04", "before a ring collective across nodes ran its node hop on the NIC shares of the "
+     "group's ranks on the node (`memo_sim.cost.collectives.ring_params`: every rank's bytes rode its own share of "
+     "the node's NICs, as an all-to-all's do)",
+     {"megatron2021-1.7B": 0.017, "megatron2024-1.7B": -0.088, "megatron2024-7.1B": -0.070, "megatron2024-16B": -0.004,
+      "torchtitan-t3-fsdp128": -0.013, "torchtitan-t3-fsdp128-compile": -0.032, "xtuner-llama2-7b-1m-sp16": -0.145,
+      "xtuner-yi-34b-32k-sp2": 0.061, "xtuner-yi-34b-128k-sp8": 0.008, "xtuner-yi-34b-256k-sp8": -0.242,
+      "xtuner-llama2-70b-32k-sp4": 0.393, "xtuner-llama2-70b-128k-sp8": -0.019, "xtuner-llama2-70b-256k-sp16": -0.276,
+      "xtuner-llama2-70b-1m-sp64": -0.248, "xtuner-yi-34b-128k-sp8-16gpu": -0.091, "moe-folding-mixtral-8x22b": 0.076,
+      "moe-folding-qwen2-57b": -0.064, "moe-zoo-qwen3-235b-a1-ep32": -0.130,
+      "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.255, "moe-zoo-qwen3-235b-a3-fsdp": 0.281,
+      "moe-zoo-qwen3-235b-a5-tp4": -0.466, "moe-zoo-qwen3-235b-long-16k-forced": -0.118,
+      "moe-zoo-qwen3-235b-long-16k-dropless": -0.291, "moe-zoo-qwen3-235b-long-32k-dropless": -0.261,
+      "moe-zoo-mixtral-8x22b-dropless": -0.126, "moe-zoo-mixtral-8x22b-forced": -0.087,
+      "moe-zoo-mixtral-8x22b-fp8-forced": -0.191, "moe-zoo-mixtral-8x22b-capacity1": -0.096}),
 )
 
 
@@ -1800,6 +1875,18 @@ STEPS = (
      "xtuner-yi-34b-128k-sp8-16gpu -11.4% to -9.1%; xtuner-llama2-70b-32k-sp4 +35.6% to +39.3%), and torchtitan's "
      "two uncompiled rows of Tables 1 and 3 predicted (t1-fsdp -8.5%, t3-fsdp128 -1.3%): dense 41 predicted at "
      "10.7% / 39.3%, long-context 20 at 15.0% / 39.3%, the FP8 and MoE rows unchanged"),
+    ("a ring's node hop on the node's NICs", "a ring collective (all-gather, reduce-scatter, all-reduce) across "
+     "nodes crosses each node boundary once with one rank's bytes, on channels spread over the NICs of the group's "
+     "ranks on the node (`memo_sim.cost.collectives.ring_params`: their per-GPU shares together, capped by NVLink; "
+     "nccl-tests measured 85-96 GB/s of all-reduce bus bandwidth over 3 nodes of 8 A100s with 4 HDR NICs, "
+     "NVIDIA/nccl-tests issue 119): the data-parallel, FSDP and ZeRO-3 collectives of groups with several ranks a "
+     "node faster, 28 rows by 0.1-29 points (xtuner-llama2-70b-32k-sp4 +39.3% to +10.0%, its ZeRO-3 traffic no "
+     "longer as long as its compute; moe-zoo-qwen3-235b-a3-fsdp +28.1% to +17.7%; torchtitan's 128-GPU FSDP rows "
+     "-1.3% to -10.3% and -3.2% to -13.7%, memo's step on 16 nodes now 0.8-0.9% above the same local batch's on "
+     "one node, measured 2.4-2.8% above (10.9-13.2% in memo before); "
+     "Megatron-LM's 2024 H100 rows with several DP ranks a node -8.8% to -20.8% at 1.7B, -7.0% to -16.6% at 7.1B, "
+     "their distributed optimizer's exposed tails gone): dense 41 predicted at 11.7% / 31.3%, long-context 20 at "
+     "14.5% / 31.3%, the FP8 rows 12 at 17.8% / 29.3%, the MoE group 18 at 19.7% / 46.7%"),
 )
 
 

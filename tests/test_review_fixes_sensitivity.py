@@ -83,11 +83,12 @@ def test_the_metp_verdict_says_where_a_sides_best_was_not_built():
     lay in a pipeline family the search never built, so the verdict compared a METP plan at 2,720 as its best. The
     line says so where an unbuilt family's proved bound is above the plan it compares for that side."""
     # --zero 1 (the stage of both sides' best plans) halves the exhaustive search and keeps the case, --cp 1 --ulysses 1
-    # (no plan named in either line splits the sequence) shorten it further. At 16K since the SMs NCCL holds beside
-    # the layers are priced (2026-12-03; at 8K the bound search now builds METP's best family itself): the bound
-    # search compares tp4+metp_ffn-dp4-z1 (2,657 tokens/GPU/s) under an unbuilt family's bound, and --simulate-top all
-    # finds tp2+metp_ffn-pp2v4-dp4-z1 at 2,703 as METP's best
-    args = ["whatif", "--model", "llama-3.1-70b", "--layers", "8", "--seq", "16K", "--gpus", "16", "--profile",
+    # (no plan named in either line splits the sequence) shorten it further. At 24 layers and 8K since a ring's node
+    # hop rides the node ranks' NIC shares (2026-12-04: with cross-node data parallelism cheaper, at 8 layers and 16K
+    # METP's best is tp2+metp_ffn-dp8-z1, a family the bound search builds): the bound search compares
+    # tp4+metp_ffn-dp4-z1 (1,040 tokens/GPU/s) under an unbuilt family's bound (1,154), and --simulate-top all finds
+    # tp2+metp_ffn-pp2v4-dp4-z1 at 1,100 as METP's best
+    args = ["whatif", "--model", "llama-3.1-70b", "--layers", "24", "--seq", "8K", "--gpus", "16", "--profile",
             "a100-sxm4-80gb", "--zero", "1", "--cp", "1", "--ulysses", "1", "--no-plan", "--jobs", "1"]
     r = CliRunner().invoke(cli, args)
     line = next(ln for ln in r.output.splitlines() if ln.startswith("METP vs Megatron TP"))

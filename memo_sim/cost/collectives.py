@@ -86,6 +86,32 @@ def link_params(link: Link, collective: str | None = None) -> tuple[float, float
     return float(fit.bandwidth), float(fit.latency)
 
 
+def ring_params(profile: HardwareProfile, link: Link, collective: str, node_ranks: int = 1) -> tuple[float, float]:
+    """(bandwidth, latency) that price ring ``collective`` (all-gather, reduce-scatter, all-reduce: the ring's or
+    the tree's formula) over a group with at least ``node_ranks`` of its ranks on every node it touches
+    (`group_node_ranks`). Across nodes NCCL's ring passes through the group's ranks on a node over NVLink and enters
+    and leaves the node once, so the node's inter-node traffic is one rank's bytes, not each of its ranks', and its
+    channels take turns at exiting through every NIC those GPUs reach: the hop runs on ``node_ranks`` GPUs' shares of
+    the node's NICs (the node's other GPUs, in other groups, run the same collective at the same time and hold their
+    own shares), no faster than the ring's NVLink hops inside the node. nccl-tests' all_reduce_perf over 3 nodes of
+    8 A100s with 4 HDR NICs each measured 85-96 GB/s bus bandwidth (NVIDIA/nccl-tests issue 119), about the node's
+    100 GB/s of NICs where one GPU's share is 12.5. ``link`` as `link_params` takes it; a collective the profile
+    measured on the inter-node link (`Link.collectives`) keeps its fit as measured."""
+    bw, lat = link_params(link, collective)
+    if link is profile.internode and node_ranks > 1 and collective not in link.collectives:
+        bw = min(bw * node_ranks, link_params(profile.nvlink, collective)[0])
+    return bw, lat
+
+
+def group_node_ranks(layout: Layout, size: int, stride: int, profile: HardwareProfile) -> int:
+    """The fewest of a group's ranks on one node it touches, over every group of ``size`` ranks ``stride`` apart in
+    a stage's GPU order (`memo_sim.layout.parallel.expert_group_placements`: the data group is the state_shards
+    ranks TP apart, every replica's and every stage's looked at); ``size`` itself for groups inside a node."""
+    if size <= 1:
+        return 1
+    return min(min(p) for p in expert_group_placements(layout, size, stride, profile.node_gpus))
+
+
 def fit_params(collective: str, g: int, intercept: float, slope: float) -> tuple[float, float]:
     """(bandwidth, latency) with which ``collective``'s formula over ``g`` ranks is the measured line
     ``t = intercept + slope·size`` (seconds, seconds per byte of the formula's ``size``)."""

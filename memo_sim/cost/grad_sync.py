@@ -69,17 +69,35 @@ from memo_sim.cost.memo import memoised
 from memo_sim.cost.param_split import GpuParams, gpu_params, layer_gpu_params, model_gpu_params
 from memo_sim.layout.parallel import Layout, expert_group_placements, stages_cross_nodes
 from memo_sim.model.config import ModelConfig
-from memo_sim.profile.schema import HardwareProfile
+from memo_sim.profile.schema import HardwareProfile, Link
 
 
-def _reduce(layout: Layout, nbytes: float, g: int, link) -> float:
+@dataclass(frozen=True)
+class _Path:
+    """Where a group's collectives run: the profile's link and the fewest of the group's ranks on one node
+    (`memo_sim.cost.collectives.ring_params`)."""
+    profile: HardwareProfile
+    link: Link
+    node_ranks: int = 1
+
+    def params(self, collective: str) -> tuple[float, float]:
+        return coll.ring_params(self.profile, self.link, collective, self.node_ranks)
+
+
+def _path(profile: HardwareProfile, layout: Layout, link: Link, g: int, stride: int) -> _Path:
+    """The path of a group of ``g`` ranks ``stride`` apart in a stage's GPU order on ``link``."""
+    nr = coll.group_node_ranks(layout, g, stride, profile) if link is profile.internode else 1
+    return _Path(profile, link, nr)
+
+
+def _reduce(layout: Layout, nbytes: float, g: int, path: _Path) -> float:
     if layout.zero >= 1:
-        return coll.ring_reduce_scatter_time(nbytes, g, *coll.link_params(link, "reduce_scatter"))
-    return coll.allreduce_time(nbytes, g, *coll.link_params(link, "all_reduce"))
+        return coll.ring_reduce_scatter_time(nbytes, g, *path.params("reduce_scatter"))
+    return coll.allreduce_time(nbytes, g, *path.params("all_reduce"))
 
 
-def _gather(nbytes: float, g: int, link) -> float:
-    return coll.ring_allgather_time(nbytes, g, *coll.link_params(link, "all_gather"))
+def _gather(nbytes: float, g: int, path: _Path) -> float:
+    return coll.ring_allgather_time(nbytes, g, *path.params("all_gather"))
 
 
 def params_reduce_time(model: ModelConfig, layout: Layout, profile: HardwareProfile, params: GpuParams,
@@ -91,10 +109,10 @@ def params_reduce_time(model: ModelConfig, layout: Layout, profile: HardwareProf
     g, gr, t = layout.state_shards, model.recipe.grad_reduce_bytes, 0.0
     if g > 1:
         link = coll.group_link(profile, g, layout.tp if stride is None else stride, layout.gpus)
-        t += _reduce(layout, gr * (params.local - params.expert_local), g, link)
+        t += _reduce(layout, gr * (params.local - params.expert_local), g, _path(profile, layout, link, g, layout.tp))
     ge = layout.expert_dp if model.moe else 1
     if ge > 1 and params.expert_local:
-        t += _reduce(layout, gr * params.expert_local, ge, expert_dp_link(layout, ge, profile))
+        t += _reduce(layout, gr * params.expert_local, ge, _expert_path(layout, ge, profile))
     return t
 
 
@@ -105,6 +123,10 @@ def expert_dp_link(layout: Layout, ge: int, profile: HardwareProfile):
     on NVLink)."""
     places = expert_group_placements(layout, ge, layout.ep * layout.etp, profile.node_gpus)
     return profile.internode if any(len(p) > 1 for p in places) else profile.nvlink
+
+
+def _expert_path(layout: Layout, ge: int, profile: HardwareProfile) -> _Path:
+    return _path(profile, layout, expert_dp_link(layout, ge, profile), ge, layout.ep * layout.etp)
 
 
 @dataclass(frozen=True)
@@ -166,7 +188,6 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     frozen): the what-if's estimate and proved bound of every policy and micro-batch size of a layout ask for it."""
     g = layout.state_shards
     link = coll.group_link(profile, g, layout.tp if stride is None else stride, layout.gpus)
-    gather_link = link  # where the weights are all-gathered
     ge = layout.expert_dp if model.moe else 1  # the routed experts' replicas (they have their own group)
     shared, shared_link = shared_embedding_seconds(model, layout, profile)
     if g <= 1 and ge <= 1:
@@ -175,6 +196,8 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     flavour = layout.dp_flavour
     shard = flavour.shard_group(layout)
     if g <= 1:
+        gather_path = _Path(profile, link)
+
         def reduce(nbytes: float) -> float:  # the dense weights have no replicas
             return 0.0
     elif shard != g:  # HSDP (`memo_sim.dp.fsdp`): reduce-scatter over the shard group, all-reduce the shard across replicas
@@ -182,14 +205,18 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         s_link = coll.group_link(profile, shard, layout.tp, layout.gpus)
         r_link = coll.group_link(profile, replicas, layout.tp * shard, layout.gpus)
         link = r_link if r_link is profile.internode else s_link
+        s_path = _path(profile, layout, s_link, shard, layout.tp)
+        r_path = _path(profile, layout, r_link, replicas, layout.tp * shard)
 
         def reduce(nbytes: float) -> float:
-            return (coll.ring_reduce_scatter_time(nbytes, shard, *coll.link_params(s_link, "reduce_scatter"))
-                    + coll.allreduce_time(nbytes / shard, replicas, *coll.link_params(r_link, "all_reduce")))
-        g, gather_link = shard, s_link  # the weight gathers: the shard group
+            return (coll.ring_reduce_scatter_time(nbytes, shard, *s_path.params("reduce_scatter"))
+                    + coll.allreduce_time(nbytes / shard, replicas, *r_path.params("all_reduce")))
+        g, gather_path = shard, s_path  # the weight gathers: the shard group
     else:
+        gather_path = _path(profile, layout, link, g, layout.tp)
+
         def reduce(nbytes: float) -> float:
-            return _reduce(layout, nbytes, g, link)
+            return _reduce(layout, nbytes, g, gather_path)
 
     w, gr = model.recipe.weight_bytes, model.recipe.grad_reduce_bytes
     layer = layer_gpu_params(model, layout)
@@ -201,16 +228,16 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
                                    else 0)) / layout.tp
     every = model_gpu_params(model, layout)
     all_p = every.local - every.expert_local
-    gather = _gather(w * layer_p, g, gather_link) if layout.zero >= 1 and g > 1 else 0.0
+    gather = _gather(w * layer_p, g, gather_path) if layout.zero >= 1 and g > 1 else 0.0
     layer_r, all_r = reduce(gr * layer_p), reduce(gr * all_p)
     if ge > 1:  # the routed experts over their own replicas, where the expert ranks sit (module docs)
-        elink = expert_dp_link(layout, ge, profile)
-        if elink is profile.internode:
-            link = elink
-        layer_r += _reduce(layout, gr * layer.expert_local, ge, elink)
-        all_r += _reduce(layout, gr * every.expert_local, ge, elink)
+        epath = _expert_path(layout, ge, profile)
+        if epath.link is profile.internode:
+            link = epath.link
+        layer_r += _reduce(layout, gr * layer.expert_local, ge, epath)
+        all_r += _reduce(layout, gr * every.expert_local, ge, epath)
         if layout.zero >= 1:
-            gather += _gather(w * layer.expert_local, ge, elink)
+            gather += _gather(w * layer.expert_local, ge, epath)
     # the embedding's and the head's units (module docs; the embedding copy the modules read on the last stage: the
     # head's)
     copy = emb_p if model.mtp_layers and layout.pp > 1 and not model.tied_embeddings else 0.0
@@ -221,7 +248,7 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
     again = emb_p if (layout.pp == 1 and layout.zero >= 3 and flavour.gathers_in_backward(layout) and not tied_unit
                       and (model.tied_embeddings or model.mtp_layers)) else 0.0
     emb_unit, head_unit = (emb_p + head_p, 0.0) if tied_unit else (emb_p, head_p + copy + again)
-    emb_g, head_g = ((_gather(w * emb_unit, g, gather_link), _gather(w * head_unit, g, gather_link) if head_unit
+    emb_g, head_g = ((_gather(w * emb_unit, g, gather_path), _gather(w * head_unit, g, gather_path) if head_unit
                       else 0.0) if layout.zero >= 1 and g > 1 else (0.0, 0.0))
     if layout.zero >= 3 and flavour.regathers_head(layout):
         head_g *= 2  # dropped after the head's forward and gathered again for its backward (the head op holds both)
@@ -230,16 +257,16 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         mtp = gpu_params(model, layout, model.mtp_params(), model.mtp_routed_params(), model.mtp_replicated_params())
         mtp_r = reduce(gr * (mtp.local - mtp.expert_local + copy))
         if layout.zero >= 1 and g > 1:  # their weights gathered as a layer's are (the embedding copy with the head's)
-            mtp_g = _gather(w * (mtp.local - mtp.expert_local), g, gather_link)
+            mtp_g = _gather(w * (mtp.local - mtp.expert_local), g, gather_path)
         if ge > 1:
-            mtp_r += _reduce(layout, gr * mtp.expert_local, ge, elink)
+            mtp_r += _reduce(layout, gr * mtp.expert_local, ge, epath)
             if layout.zero >= 1:
-                mtp_g += _gather(w * mtp.expert_local, ge, elink)
+                mtp_g += _gather(w * mtp.expert_local, ge, epath)
     step_g = 0.0
     if layout.zero in (1, 2) and layout.param_gather == "after_step":  # one collective after the step (module docs)
-        step_g = _gather(w * all_p, g, gather_link) if g > 1 else 0.0
+        step_g = _gather(w * all_p, g, gather_path) if g > 1 else 0.0
         if ge > 1:
-            step_g += _gather(w * every.expert_local, ge, elink)
+            step_g += _gather(w * every.expert_local, ge, epath)
         gather = emb_g = head_g = mtp_g = 0.0
     # the tied unit's gradients, the norm's with the embedding's, go out after the embedding's backward
     emb_r, head_r = (reduce(gr * emb_unit), 0.0) if tied_unit else (reduce(gr * emb_p), reduce(gr * head_p))

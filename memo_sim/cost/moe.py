@@ -231,7 +231,8 @@ def step_cost(op: OpSpec, step: Step, model: ModelConfig, layout: Layout, batch:
     else:
         link = step_link(step.group, layout, profile)
         kind = "all_gather" if step.collective == "allgather" else "reduce_scatter"
-        t = coll.ring_allgather_time(size, g, *coll.link_params(link, kind))
+        nr = coll.group_node_ranks(layout, g, stride, profile) if link is profile.internode else 1
+        t = coll.ring_allgather_time(size, g, *coll.ring_params(profile, link, kind, nr))
     return OpCost(f"moe_{op.name}_{step.collective}_{step.group}", "collective", phase, "ep_comm", t, nbytes=size)
 
 

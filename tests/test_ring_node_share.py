@@ -1,0 +1,92 @@
+"""A ring collective across nodes runs its node hop on the NIC shares of all the group's ranks on that node
+(`memo_sim.cost.collectives.ring_params`, `group_node_ranks`): NCCL's ring crosses each node boundary once, carrying
+one rank's bytes, on channels spread over the node's NICs. nccl-tests' all_reduce_perf over 3 nodes of 8 A100s with
+4 HDR NICs each measured 85-96 GB/s of bus bandwidth (NVIDIA/nccl-tests issue 119), the node's 100 GB/s of NICs,
+where one GPU's share is 12.5 GB/s. All-to-alls and sends keep each rank's own share."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from memo_sim.cost import collectives as coll
+from memo_sim.cost.grad_sync import grad_sync
+from memo_sim.cost.param_split import layer_gpu_params
+from memo_sim.layout.parallel import Layout
+from memo_sim.model.config import PRESETS
+from memo_sim.profile.loader import load_profile
+from memo_sim.profile.schema import CollectiveFit
+
+A100 = load_profile("a100-sxm4-80gb")
+H100 = load_profile("h100-sxm5-80gb")
+M = PRESETS["llama-3.1-8b"]
+GB = 1e9
+
+
+@pytest.mark.parametrize("layout, ranks", [
+    (Layout(tp=1, dp=32), 8),  # a whole node of each data group
+    (Layout(tp=2, dp=16), 4),
+    (Layout(tp=4, dp=8), 2),
+    (Layout(tp=8, dp=4), 1),  # TP fills the node: one rank of each data group a node
+    (Layout(tp=1, dp=12), 4),  # 12 ranks over nodes of 8: 8 on the first, 4 on the second
+])
+def test_group_node_ranks_counts_the_fewest_ranks_on_a_node(layout, ranks):
+    assert coll.group_node_ranks(layout, layout.state_shards, layout.tp, A100) == ranks
+
+
+def test_ring_params_scale_the_inter_node_share_and_stop_at_nvlink():
+    ib = float(A100.internode.bandwidth)
+    assert ib == pytest.approx(12.5 * GB)
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        assert coll.ring_params(A100, A100.internode, collective, 1) == coll.link_params(A100.internode, collective)
+        assert coll.ring_params(A100, A100.internode, collective, 8)[0] == pytest.approx(100 * GB)
+        assert coll.ring_params(A100, A100.internode, collective, 8)[1] == float(A100.internode.latency)
+        # inside a node the link is NVLink, as before, whatever the count
+        assert coll.ring_params(A100, A100.nvlink, collective, 8) == coll.link_params(A100.nvlink, collective)
+        # never faster than the ring's NVLink hops
+        nv = coll.link_params(H100.nvlink, collective)[0]
+        assert coll.ring_params(H100, H100.internode, collective, 64)[0] == pytest.approx(nv)
+
+
+def test_inter_node_fit_is_kept_as_measured():
+    """A collective the profile measured on the inter-node link (`Link.collectives`) keeps its fit as measured;
+    the others ride the node ranks' shares."""
+    link = dataclasses.replace(A100.internode, collectives={"all_gather": CollectiveFit(30 * GB, 20e-6)})
+    prof = dataclasses.replace(A100, internode=link)
+    assert coll.ring_params(prof, prof.internode, "all_gather", 8) == coll.link_params(link, "all_gather")
+    assert coll.ring_params(prof, prof.internode, "reduce_scatter", 8)[0] == pytest.approx(100 * GB)
+
+
+def test_nccl_tests_bus_bandwidth_over_three_a100_nodes():
+    """all_reduce_perf over 24 GPUs of 3 nodes (8 A100s, 4 HDR NICs each): bus bandwidth = 2 (g-1)/g x bytes / time.
+    memo's ring over the node's NIC shares gives the node's 100 GB/s, the measurement's ceiling (85-96 GB/s
+    measured); one GPU's share would give 12.5 GB/s, an eighth of what NCCL reached."""
+    g, size = 24, 4 * 2**30
+    lay = Layout(tp=1, dp=g)
+    nr = coll.group_node_ranks(lay, g, 1, A100)
+    t = coll.allreduce_time(size, g, *coll.ring_params(A100, A100.internode, "all_reduce", nr))
+    busbw = 2 * (g - 1) / g * size / t
+    assert 90 * GB < busbw <= 100 * GB
+    t_share = coll.allreduce_time(size, g, *coll.link_params(A100.internode, "all_reduce"))
+    assert 2 * (g - 1) / g * size / t_share < 12.5 * GB
+
+
+def test_data_group_gathers_ride_the_node_ranks_shares():
+    """ZeRO-3's layer gather over a data group of 16 (2 nodes of 8) against the same group with TP 8 beside it
+    (one rank a node): the first's node hop has 8 GPUs' NIC shares, the second's one."""
+    whole = Layout(tp=1, dp=16, zero=3)
+    s = grad_sync(M, whole, A100)
+    p = layer_gpu_params(M, whole)
+    nbytes = M.recipe.weight_bytes * (p.local - p.expert_local)
+    assert s.link == "internode"
+    assert s.layer_gather == pytest.approx(coll.ring_allgather_time(nbytes, 16, 100 * GB,
+                                                                    float(A100.internode.latency)))
+    sparse = Layout(tp=8, dp=16, zero=3)
+    s8 = grad_sync(M, sparse, A100)
+    p8 = layer_gpu_params(M, sparse)
+    n8 = M.recipe.weight_bytes * (p8.local - p8.expert_local)
+    assert s8.layer_gather == pytest.approx(coll.ring_allgather_time(n8, 16, 12.5 * GB,
+                                                                     float(A100.internode.latency)))
+    # the same bytes a GPU: the whole-node group's gather is about 8 times faster
+    assert s.layer_gather / nbytes < s8.layer_gather / n8 / 6
