@@ -90,3 +90,42 @@ def test_data_group_gathers_ride_the_node_ranks_shares():
                                                                      float(A100.internode.latency)))
     # the same bytes a GPU: the whole-node group's gather is about 8 times faster
     assert s.layer_gather / nbytes < s8.layer_gather / n8 / 6
+
+
+def _placements_fewest(layout, size, stride, node):
+    from memo_sim.layout.parallel import expert_group_placements
+    return min(min(p) for p in expert_group_placements(layout, size, stride, node))
+
+
+def test_fewest_ranks_on_a_node_equals_the_listed_placements():
+    """The arithmetic of evenly spaced groups (`fewest_group_ranks_on_a_node`) against listing every group's ranks
+    (`expert_group_placements`), over degrees, pipelines, rank orders, stage shards and node sizes."""
+    import itertools
+
+    from memo_sim.layout.parallel import fewest_group_ranks_on_a_node, stage_shard
+    from memo_sim.layout.rank_order import RANK_ORDER_NAMES
+
+    checked = 0
+    for tp, cp, ul, dp, pp, order, node in itertools.product((1, 2, 4), (1, 2), (1, 3), (1, 3, 4, 12), (1, 2, 3),
+                                                              RANK_ORDER_NAMES, (4, 8, 72)):
+        lay = Layout(tp=tp, cp=cp, ulysses=ul, dp=dp, pp=pp, rank_order=order)
+        shards = [lay] + ([stage_shard(lay), stage_shard(lay, pp - 1)] if pp > 1 or dp > 1 else [])
+        for shard in shards:
+            for size, stride in ((lay.state_shards, tp), (cp * ul, tp), (dp, tp * cp * ul)):
+                if size > 1:
+                    assert fewest_group_ranks_on_a_node(shard, size, stride, node) == _placements_fewest(
+                        shard, size, stride, node), (lay.label(), order, node, size, stride)
+                    checked += 1
+    assert checked > 500
+
+
+def test_a_million_gpu_data_group_is_counted_at_once():
+    """A data group of 125,000 ranks: the count comes from the arithmetic, not from listing its ranks."""
+    import time
+
+    from memo_sim.layout.parallel import fewest_group_ranks_on_a_node
+    t = time.perf_counter()
+    assert fewest_group_ranks_on_a_node(Layout(tp=8, dp=125_000), 125_000, 8, 8) == 1
+    assert fewest_group_ranks_on_a_node(Layout(tp=1, dp=1_000_000), 1_000_000, 1, 8) == 8
+    assert fewest_group_ranks_on_a_node(Layout(tp=2, dp=500_000, pp=1), 500_000, 2, 8) == 4
+    assert time.perf_counter() - t < 1.0

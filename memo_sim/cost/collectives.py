@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 
 from memo_sim.profile.schema import COLLECTIVES, HardwareProfile, Link
-from memo_sim.layout.parallel import Layout, expert_group_placements, group_spans_nodes, layout_group_spans
+from memo_sim.layout.parallel import (Layout, expert_group_placements, fewest_group_ranks_on_a_node, group_spans_nodes,
+                                      layout_group_spans)
 
 
 def ring_allgather_time(size: float, g: int, bw: float, lat: float) -> float:
@@ -107,9 +108,7 @@ def group_node_ranks(layout: Layout, size: int, stride: int, profile: HardwarePr
     """The fewest of a group's ranks on one node it touches, over every group of ``size`` ranks ``stride`` apart in
     a stage's GPU order (`memo_sim.layout.parallel.expert_group_placements`: the data group is the state_shards
     ranks TP apart, every replica's and every stage's looked at); ``size`` itself for groups inside a node."""
-    if size <= 1:
-        return 1
-    return min(min(p) for p in expert_group_placements(layout, size, stride, profile.node_gpus))
+    return fewest_group_ranks_on_a_node(layout, size, stride, profile.node_gpus)
 
 
 def fit_params(collective: str, g: int, intercept: float, slope: float) -> tuple[float, float]:
