@@ -106,8 +106,8 @@ def test_fewest_ranks_on_a_node_equals_the_listed_placements():
     from memo_sim.layout.rank_order import RANK_ORDER_NAMES
 
     checked = 0
-    for tp, cp, ul, dp, pp, order, node in itertools.product((1, 2, 4), (1, 2), (1, 3), (1, 3, 4, 12), (1, 2, 3),
-                                                              RANK_ORDER_NAMES, (4, 8, 72)):
+    for tp, cp, ul, dp, pp, order, node in itertools.product((1, 2, 3, 4), (1, 2), (1, 3), (1, 3, 4, 12, 40),
+                                                              (1, 2, 3), RANK_ORDER_NAMES, (4, 8, 72)):
         lay = Layout(tp=tp, cp=cp, ulysses=ul, dp=dp, pp=pp, rank_order=order)
         shards = [lay] + ([stage_shard(lay), stage_shard(lay, pp - 1)] if pp > 1 or dp > 1 else [])
         for shard in shards:
@@ -129,3 +129,31 @@ def test_a_million_gpu_data_group_is_counted_at_once():
     assert fewest_group_ranks_on_a_node(Layout(tp=1, dp=1_000_000), 1_000_000, 1, 8) == 8
     assert fewest_group_ranks_on_a_node(Layout(tp=2, dp=500_000, pp=1), 500_000, 2, 8) == 4
     assert time.perf_counter() - t < 1.0
+
+
+def test_the_arithmetic_count_equals_counting_every_rank():
+    """`_fewest_evenly_spaced` against counting each rank of each group, on nodes its strides do not divide too
+    (interior nodes of floor or ceil of node / stride ranks)."""
+    import random
+
+    from memo_sim.layout.parallel import _fewest_evenly_spaced
+
+    def counted(size, stride, stage_gpus, step, pp, node):
+        best = size
+        for s in range(pp):
+            for first in range(0, stage_gpus, size * stride):
+                for o in range(stride):
+                    on: dict[int, int] = {}
+                    for k in range(size):
+                        n = (s * step + first + o + k * stride) // node
+                        on[n] = on.get(n, 0) + 1
+                    best = min(best, min(on.values()))
+        return best
+
+    rng = random.Random(1)
+    for _ in range(500):
+        node = rng.choice([4, 6, 8, 16, 72])
+        stride, size, reps, pp = rng.randint(1, node - 1), rng.randint(2, 40), rng.randint(1, 6), rng.randint(1, 4)
+        stage_gpus = size * stride * reps
+        args = (size, stride, stage_gpus, stage_gpus, pp, node)
+        assert _fewest_evenly_spaced(*args) == counted(*args), args

@@ -739,10 +739,15 @@ def _fewest_evenly_spaced(size: int, stride: int, stage_gpus: int, stage_step: i
                           stage: int = -1) -> int:
     """`fewest_group_ranks_on_a_node` where a group's ranks are an arithmetic progression (first rank a, step
     ``stride`` < ``node``, ``size`` ranks): the first and the last node it touches hold the partial runs, every node
-    between them floor or ceil of node / stride; the groups' places repeat as `_group_placements`' do."""
+    between them floor or ceil of node / stride ranks, by where the progression enters it, which repeats every
+    stride / gcd(node, stride) nodes; the groups' places repeat as `_group_placements`' do."""
     block = size * stride
     end = min(stage_gpus, block * (node // math.gcd(block, node)))
-    inner = node // stride  # the fewest a node wholly inside a group's span holds
+    period = stride // math.gcd(node, stride)
+
+    def on(n: int, a: int) -> int:  # the progression's ranks on node n (a: its first rank)
+        return -(-((n + 1) * node - a) // stride) - -(-(n * node - a) // stride)
+
     best = size
     for s in (range(min(pp, node // math.gcd(stage_step, node))) if stage < 0 else (stage,)):
         for first in range(0, end, block):
@@ -755,7 +760,7 @@ def _fewest_evenly_spaced(size: int, stride: int, stage_gpus: int, stage_step: i
                     continue
                 head = ((na + 1) * node - a + stride - 1) // stride  # ranks on node na
                 tail = (z - nz * node) // stride + 1  # ranks on node nz
-                best = min(best, head, tail, *((inner,) if nz - na > 1 else ()))
+                best = min(best, head, tail, *(on(n, a) for n in range(na + 1, min(nz, na + 1 + period))))
     return max(1, best)
 
 
