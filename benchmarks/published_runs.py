@@ -631,8 +631,9 @@ _QWEN3_FLOPS = "x 256 GPUs over training.py's FLOPs at 1e057005 (the table's 'Co
 _QWEN3_SPLIT = ("94 layers + the embedding's and the loss's slots = 96 over pp x vpp = {c} chunks of {k} (yaml "
                 "--account-for-embedding/loss-in-pipeline-split, --num-layers-per-virtual-pipeline-stage "
                 "${{LAYERS_PER_VP}} = 96 / PP / VPP, runtime.conf LAYERS 96)")
-_QWEN3_NET = ("stated hardware 'NVLink 4th Generation, InfiniBand 8x50 GB/s' = the profile's 450 GB/s NVLink and "
-              "50 GB/s per GPU (8 x 400 Gb/s per node)")
+_QWEN3_NET = ("stated hardware 'NVLink 4th Generation, InfiniBand 8x50 GB/s' = the profile's NVLink (450 GB/s line "
+              "rate, the 370 GB/s NCCL reaches of it, all-reduce 480 GB/s over NVLink SHARP) and 50 GB/s per GPU (8 x "
+              "400 Gb/s per node)")
 _QWEN3_OVERLAPS = "--tp-comm-overlap (PR=bf16), --overlap-param-gather, --manual-gc"
 _FORCED_ASSUMED = ("balance not stated by the table: memo runs Megatron's forced balance, as every 4K-sequence H100 "
                    "command of run_235b.sh / run_h100_235b.sh passes --moe-router-force-load-balancing: random router "
@@ -1263,9 +1264,10 @@ _TITAN_TP = (
     "ones), {attn} attention and {comm} the TP collectives on the critical path (the forward's, the recompute's and "
     "the backward's all-gathers and reduce-scatters; torch's ColwiseParallel keeps the gathered inputs for the weight "
     "gradients, so none is gathered again: sp_input_kept). Candidates, none pinned down: " + _POWER_LEFT
-    + "; (2) the TP collectives, priced on the profile's datasheet NVLink (no shipped GPU profile has a measured "
-    "collective fit), and the tensor-parallel amax all-reduces of torchao's casts (a scalar all-reduce per cast, about "
-    "29 a layer and micro-batch; not priced)")
+    + "; (2) the TP collectives, priced at the 370 GB/s NCCL reaches of NVLink 4's 450 GB/s line rate (since "
+    "2026-12-04: the NCCL maintainer's figure, NVIDIA/nccl-tests issue 212; not measured on this cluster), and the "
+    "tensor-parallel amax all-reduces of torchao's casts (a scalar all-reduce per cast, about 29 a layer and "
+    "micro-batch; not priced)")
 _TITAN_PP = (
     "memo too fast on Llama 3.1 405B in torchtitan's {d}D layout (FSDP beside {stages}, "
     "TP 8 with async TP, 8 micro-batches in {sched}{cp}): memo's step is {memo}, {sync} with the TP collectives on the "
@@ -1603,6 +1605,27 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-16k-dropless": -0.291, "moe-zoo-qwen3-235b-long-32k-dropless": -0.261,
       "moe-zoo-mixtral-8x22b-dropless": -0.126, "moe-zoo-mixtral-8x22b-forced": -0.087,
       "moe-zoo-mixtral-8x22b-fp8-forced": -0.191, "moe-zoo-mixtral-8x22b-capacity1": -0.096}),
+    ("50772e1", "2026-12-04", "before NVLink ran at the 80% of its line rate NCCL reaches (the profiles' nvlink "
+     "bandwidth: A100 300, Hopper 450 GB/s a direction; the Hopper nodes' all-reduce over NVLink SHARP not priced)",
+     {"korthikanti-22B-full": 0.016, "korthikanti-22B-selective": -0.029, "korthikanti-175B-full": -0.015,
+      "korthikanti-175B-selective": -0.060, "korthikanti-530B-full": 0.008, "korthikanti-530B-selective": -0.060,
+      "korthikanti-1T-full": 0.015, "korthikanti-1T-selective": -0.010, "megatron2024-1.7B": -0.208,
+      "megatron2024-7.1B": -0.166, "megatron2024-16B": -0.065, "megatron2024-32B": 0.040,
+      "torchtitan-t1-fsdp": -0.085, "torchtitan-t1-fsdp-compile": -0.125, "torchtitan-t3-fsdp128": -0.103,
+      "torchtitan-t3-fsdp128-compile": -0.137, "torchtitan-t2-cp2": -0.023, "torchtitan-t2-cp4": -0.265,
+      "torchtitan-t2-cp8": -0.293, "torchtitan-t4-2d": -0.159, "torchtitan-t4-2d-asynctp": -0.192,
+      "torchtitan-t5-1f1b": -0.162, "torchtitan-t5-interleaved": -0.184, "torchtitan-t6-cp1": -0.131,
+      "torchtitan-t6-cp2": -0.195, "torchtitan-t6-cp4": -0.169, "torchtitan-t6-cp8": -0.235,
+      "xtuner-llama2-7b-128k-sp8": -0.015, "xtuner-llama2-7b-256k-sp8": -0.041, "xtuner-yi-34b-32k-sp2": -0.038,
+      "xtuner-yi-34b-128k-sp8": -0.043, "xtuner-yi-34b-256k-sp8": -0.254, "xtuner-llama2-70b-32k-sp4": 0.100,
+      "xtuner-llama2-70b-128k-sp8": -0.075, "xtuner-yi-34b-128k-sp8-16gpu": -0.135,
+      "moe-folding-mixtral-8x22b": 0.058, "moe-folding-qwen2-57b": -0.098, "moe-flagperf-mixtral-8x7b": -0.423,
+      "moe-zoo-qwen3-235b-a1-ep32": -0.134, "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.260,
+      "moe-zoo-qwen3-235b-a4-pp32-alltoall": -0.276, "moe-zoo-qwen3-235b-a5-tp4": -0.467,
+      "moe-zoo-qwen3-235b-long-16k-forced": -0.120, "moe-zoo-qwen3-235b-long-16k-dropless": -0.293,
+      "moe-zoo-qwen3-235b-long-32k-forced": -0.107, "moe-zoo-qwen3-235b-long-32k-dropless": -0.262,
+      "moe-zoo-qwen3-235b-long-64k-forced": -0.084, "moe-zoo-qwen3-235b-long-64k-dropless": -0.204,
+      "moe-zoo-qwen3-235b-long-128k-forced": -0.067, "moe-zoo-qwen3-235b-long-128k-dropless": -0.144}),
 )
 
 
@@ -1887,6 +1910,15 @@ STEPS = (
      "Megatron-LM's 2024 H100 rows with several DP ranks a node -8.8% to -20.8% at 1.7B, -7.0% to -16.6% at 7.1B, "
      "their distributed optimizer's exposed tails gone): dense 41 predicted at 11.7% / 31.3%, long-context 20 at "
      "14.5% / 31.3%, the FP8 rows 12 at 17.8% / 29.3%, the MoE group 18 at 19.7% / 46.7%"),
+    ("NVLink at the rate NCCL reaches", "the profiles' NVLink at 80% of its line rate, the protocol overhead the NCCL "
+     "maintainer gives ('450GB/s is the line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink "
+     "bandwidth of 370GB/s', NVIDIA/nccl-tests issue 212; 8 A100s measured 232.5 GB/s of all-reduce bus bandwidth of "
+     "their 300, NVIDIA/nccl issue 1048), and the Hopper nodes' all-reduce at NVLink SHARP's ~480 GB/s: 50 rows "
+     "slower by 0.1-4.3 points, most of them too fast before (torchtitan-t4-2d -15.9% to -12.7%, its TP 8 "
+     "collectives on the critical path; Korthikanti's selective rows -6.0% to -4.2% and -4.8%; the Model Zoo's "
+     "long-context Qwen3 rows 0.7-2.0 points), some too slow further (megatron2024-32B +4.0% to +8.3%, "
+     "korthikanti-22B-full +1.6% to +4.6%): dense 41 predicted at 11.4% / 31.3%, long-context 20 at 14.3% / 31.3%, "
+     "the FP8 rows 12 at 17.1% / 29.1%, the MoE group 18 at 18.8% / 45.5%"),
 )
 
 

@@ -172,9 +172,12 @@ def test_micro_batch_labels():
 
 
 def test_a_run_whose_windows_order_simultaneous_events_differently_runs_whole():
-    # a case found on the A800 profile before it priced SM contention (its times then, without sm_count): its windows
-    # order simultaneous events differently, so it runs whole
-    no_sms = dataclasses.replace(A800, gpu=dataclasses.replace(A800.gpu, sm_count=None, comm_sms=None))
+    # a case found on the A800 profile before it priced SM contention and before its NVLink ran at the 80% of the line
+    # rate NCCL reaches (its times then: without sm_count, NVLink at 200 GB/s): its windows order simultaneous events
+    # differently, so it runs whole
+    from memo_sim.profile.schema import Quantity
+    no_sms = dataclasses.replace(A800, gpu=dataclasses.replace(A800.gpu, sm_count=None, comm_sms=None),
+                                 nvlink=dataclasses.replace(A800.nvlink, bandwidth=Quantity(200e9, "line rate")))
     whole, short = _pair("interleaved_1f1b", Layout(tp=4, pp=2, vpp=2), 36, "full_recompute", None,
                          keep_timeline=False, profile=no_sms)
     assert short.folded == 0

@@ -45,9 +45,9 @@ def _refused(path) -> str:
      ["gpu.hbm_bandwidth: 3.35 GB/s is not plausible", "did you mean 3.35 TB/s?"]),
     ("bf16: {value: 989, unit: TFLOP/s,", "bf16: {value: 989, unit: GFLOP/s,",
      ["gpu.peak_flops.bf16: 989 GFLOP/s is not plausible", "did you mean 989 TFLOP/s?"]),
-    ("  bandwidth: {value: 450, unit: GB/s,", "  bandwidth: {value: 450, unit: MB/s,",
-     ["nvlink.bandwidth: 450 MB/s is not plausible", "did you mean 450 GB/s?"]),
-    ("  bandwidth: {value: 450, unit: GB/s,", "  bandwidth: {value: 3600, unit: GB/s,",  # its Gb/s, in GB/s
+    ("  bandwidth: {value: 370, unit: GB/s,", "  bandwidth: {value: 370, unit: MB/s,",
+     ["nvlink.bandwidth: 370 MB/s is not plausible", "did you mean 370 GB/s?"]),
+    ("  bandwidth: {value: 370, unit: GB/s,", "  bandwidth: {value: 3600, unit: GB/s,",  # its Gb/s, in GB/s
      ["nvlink.bandwidth: 3600 GB/s is not plausible", "check the value and its unit"]),
     ("fp8: {value: 1979, unit: TFLOP/s,", "fp8: {value: 500, unit: TFLOP/s,",
      ["gpu.peak_flops.fp8: 500 TFLOP/s is below gpu.peak_flops.bf16 (989 TFLOP/s)", "dense, not sparse"]),

@@ -76,7 +76,8 @@ def test_blackwell_profile_loads_with_dense_peaks(name, gpn):
     assert eff.attention_cudnn_bwd.source.startswith("assumed")
     assert p.efficiency.elementwise.source.startswith("assumed")
     assert 150e9 < p.usable_gpu_memory < p.gpu_memory and p.usable_host_memory > 0
-    assert float(p.nvlink.bandwidth) == pytest.approx(900e9)  # 1.8 TB/s both directions, one direction
+    # 1.8 TB/s both directions, 900 GB/s one direction, at the 80% of it NCCL reaches on NVLink 4 (assumed on NVLink 5)
+    assert float(p.nvlink.bandwidth) == pytest.approx(0.8 * 900e9)
     assert float(p.internode.bandwidth) == pytest.approx(50e9)  # one 400 Gb/s NIC per GPU
     from memo_exec.calibrate.sanity import check
 
