@@ -25,7 +25,8 @@ import platform
 from dataclasses import dataclass
 
 DTYPES = ("bf16", "fp32")
-OPS = ("rmsnorm", "swiglu", "layernorm", "gelu")
+OPS = ("rmsnorm", "swiglu", "layernorm", "gelu", "rope_hf", "rope_complex")
+HEAD_DIM = 128  # a rotary op's head width (the width argument is heads x HEAD_DIM)
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,44 @@ def _ops(name: str):
         (x,) = xs
         return F.gelu(x)
 
+    def rope_hf(xs, tables):
+        # transformers' apply_rotary_pos_emb on one of its inputs (query or key states), as XTuner's llama_attn_forward
+        # calls it at 7575f2c91: the projection's output viewed (batch, seq, heads, head_dim) and transposed to
+        # (batch, heads, seq, head_dim), cos / sin (batch, seq, head_dim) unsqueezed at dim 1; rotate_half is
+        # cat((-x2, x1)) of the two halves of the head
+        (x,) = xs
+        cos, sin = tables
+        t = x.view(1, x.shape[0], -1, HEAD_DIM).transpose(1, 2)
+        half = HEAD_DIM // 2
+        rotated = torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+        return (t * cos.unsqueeze(1)) + (rotated * sin.unsqueeze(1))
+
+    def rope_complex(xs, tables):
+        # torchtitan's apply_rotary_emb (torchtitan/models/llama/model.py, 2024-12) on one of xq / xk: the
+        # (batch, seq, heads, head_dim) view upcast to fp32 pairs, a complex multiply by freqs_cis (seq, head_dim / 2)
+        # broadcast over the heads, back to real and cast to the input's dtype (type_as)
+        (x,) = xs
+        (freqs,) = tables
+        t = x.view(1, x.shape[0], -1, HEAD_DIM)
+        c = torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2))
+        out = torch.view_as_real(c * freqs.view(1, t.shape[1], 1, -1)).flatten(3)
+        return out.type_as(t)
+
     return {"rmsnorm": (rmsnorm, 1, True), "swiglu": (swiglu, 2, False), "layernorm": (layernorm, 1, True),
-            "gelu": (gelu, 1, False)}[name]
+            "gelu": (gelu, 1, False), "rope_hf": (rope_hf, 1, False), "rope_complex": (rope_complex, 1, False)}[name]
+
+
+def _rope_tables(name: str, tokens: int, dtype):
+    """A rotary op's position tables, built before the count (once a step or a layer: not the op's kernels): cos and
+    sin (batch, seq, head_dim) in the model dtype as transformers' LlamaRotaryEmbedding returns them; torchtitan's
+    complex64 freqs_cis (seq, head_dim / 2)."""
+    import torch
+    inv = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).float() / HEAD_DIM))
+    freqs = torch.outer(torch.arange(tokens).float(), inv)
+    if name == "rope_complex":
+        return (torch.polar(torch.ones_like(freqs), freqs),)
+    emb = torch.cat((freqs, freqs), dim=-1)[None]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def count_eager_kernels(name: str, dtype: str, tokens: int, width: int) -> EagerCount:
@@ -99,6 +136,8 @@ def count_eager_kernels(name: str, dtype: str, tokens: int, width: int) -> Eager
     gen = torch.Generator().manual_seed(0)
     xs = [torch.randn(tokens, width, generator=gen).to(tdtype).requires_grad_() for _ in range(inputs)]
     w = torch.ones(width, dtype=tdtype, requires_grad=True) if has_weight else None
+    if name.startswith("rope"):  # the position tables take the weight's place: not the op's own bytes
+        w = _rope_tables(name, tokens, tdtype)
     fwd = Record()
     saved: dict[int, int] = {}  # storage -> bytes autograd saves for the backward
 
@@ -108,7 +147,8 @@ def count_eager_kernels(name: str, dtype: str, tokens: int, width: int) -> Eager
 
     with fwd, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = fn(xs, w)
-    own = {t.untyped_storage().data_ptr() for t in [*xs, y] + ([w] if w is not None else [])}
+    weights = list(w) if isinstance(w, tuple) else [w] if w is not None else []
+    own = {t.untyped_storage().data_ptr() for t in [*xs, y, *weights]}
     dy = torch.randn(y.shape, generator=gen).to(tdtype)
     bwd = Record()
     with bwd:

@@ -134,8 +134,10 @@ class Run:
         if self.arch is not None:
             return replace(self.arch, name=self.id, dtype=self.dtype, gemm_format=self.gemm_format,
                            precision=self.precision)
+        # a GPT of Megatron-LM's scripts: its default --position-embedding-type learned_absolute (arguments.py; the
+        # only positions before 2023; examples/gpt3/train_gpt3_175b_distributed.sh at f2e5db402c, 2024-07, keeps it)
         return ModelConfig(self.id, self.layers, self.hidden, self.heads, 4 * self.hidden, vocab=self.vocab,
-                           dtype=self.dtype, precision=self.precision)
+                           dtype=self.dtype, precision=self.precision, positions="learned")
 
     def model(self) -> ModelConfig:
         """The run's model as its framework version trains it: the model-state recipe is the
@@ -1130,11 +1132,14 @@ def _xt_compute(r: Result) -> dict[str, float]:
 
     fwd, bwd = compute()
     fused = compute(replace(run.layout(), kernel_fusion="fused"))
+    costs = _xt_layer_costs(run, None)
+    rope = layers * sum(c.seconds * (2 if p == "fwd" else 1) for p in ("fwd", "bwd") for c in costs[p]
+                        if c.name == "rope")  # the forward's and the recompute's, and the backward's
     total = 2 * fwd + bwd
     micro_batches = run.global_batch // run.dp
     it = run.published_s / micro_batches
     return {"fwd": fwd, "bwd": bwd, "all": total, "it": it, "over": 100 * (total / it - 1),
-            "eager": total - 2 * fused[0] - fused[1], "above": r.predicted_s / micro_batches - total}
+            "eager": total - 2 * fused[0] - fused[1], "rope": rope, "above": r.predicted_s / micro_batches - total}
 
 
 def _xt_memory(extra: str, attn: Callable[[Result], str]) -> Callable[[Result], str]:
@@ -1147,7 +1152,8 @@ OUTLIERS.update({
     "xtuner-llama2-70b-32k-sp4": lambda r: (
         "memo too slow, most of it in the compute: memo's layers' compute of a micro-batch "
         "({fwd:.1f} s forward, as much again recomputed, {bwd:.1f} s backward: {all:.1f} s, the eager RMSNorms and "
-        "SwiGLU of HF's layers included, {eager:.1f} s more than as fused kernels) is already {over:+.1f}% against the "
+        "SwiGLU of HF's layers included, {eager:.1f} s more than as fused kernels, and transformers' eager rotary "
+        "embedding, {rope:.1f} s, priced since 2026-12-04) is already {over:+.1f}% against the "
         "measured {it:.1f} s iteration, and the ZeRO-3 collectives add {above:.1f} s a micro-batch above it (the 70B "
         "weights gathered for the forward, the recompute and the backward and the bf16 gradients reduce-scattered, "
         "every micro-batch as DeepSpeed ZeRO-3 does at GAS 4, over 4 nodes: the exposed part, and the kernels beside "
@@ -1626,6 +1632,28 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-32k-forced": -0.107, "moe-zoo-qwen3-235b-long-32k-dropless": -0.262,
       "moe-zoo-qwen3-235b-long-64k-forced": -0.084, "moe-zoo-qwen3-235b-long-64k-dropless": -0.204,
       "moe-zoo-qwen3-235b-long-128k-forced": -0.067, "moe-zoo-qwen3-235b-long-128k-dropless": -0.144}),
+    ("9e64d4c", "2026-12-04", "before the rotary embedding was priced (the layer graph's rope op, each framework's "
+     "kernels: Megatron-LM's fused one, transformers' and torchtitan's eager formulas, one fused kernel in a "
+     "compiled block; memo priced no rotary op in any mode)",
+     {"torchtitan-t1-fsdp": -0.083, "torchtitan-t1-fsdp-compile": -0.123, "torchtitan-t3-fsdp128": -0.102,
+      "torchtitan-t3-fsdp128-compile": -0.136, "torchtitan-t2-cp1": -0.131, "torchtitan-t2-cp2": -0.021,
+      "torchtitan-t2-cp4": -0.263, "torchtitan-t4-2d": -0.127, "torchtitan-t4-2d-asynctp": -0.173,
+      "torchtitan-t5-1f1b": -0.154, "torchtitan-t5-interleaved": -0.176, "torchtitan-t6-cp1": -0.124,
+      "torchtitan-t6-cp2": -0.191, "xtuner-llama2-7b-32k-sp1": 0.025, "xtuner-llama2-7b-128k-sp8": -0.013,
+      "xtuner-llama2-7b-256k-sp8": -0.040, "xtuner-llama2-7b-1m-sp16": -0.147, "xtuner-yi-34b-32k-sp2": -0.036,
+      "xtuner-yi-34b-128k-sp8": -0.041, "xtuner-yi-34b-256k-sp8": -0.253, "xtuner-llama2-70b-32k-sp4": 0.103,
+      "xtuner-llama2-70b-128k-sp8": -0.074, "xtuner-llama2-70b-256k-sp16": -0.313,
+      "xtuner-llama2-70b-1m-sp64": -0.265, "xtuner-yi-34b-128k-sp8-16gpu": -0.133,
+      "moe-zoo-mixtral-8x22b-dropless": -0.124, "moe-zoo-mixtral-8x22b-forced": -0.085,
+      "moe-zoo-mixtral-8x22b-fp8-forced": -0.189, "moe-zoo-mixtral-8x22b-capacity1": -0.094,
+      "moe-folding-mixtral-8x22b": 0.066, "moe-folding-qwen2-57b": -0.084, "moe-flagperf-mixtral-8x7b": -0.402,
+      "moe-flagperf-qwen1.5-moe-bf16": -0.188, "moe-flagperf-qwen1.5-moe-fp16": -0.179,
+      "moe-zoo-qwen3-235b-a1-ep32": -0.132, "moe-zoo-qwen3-235b-a2-ep32-a2a-overlap": -0.258,
+      "moe-zoo-qwen3-235b-a4-pp32-alltoall": -0.265, "moe-zoo-qwen3-235b-a5-tp4": -0.455,
+      "moe-zoo-qwen3-235b-long-16k-forced": -0.100, "moe-zoo-qwen3-235b-long-16k-dropless": -0.277,
+      "moe-zoo-qwen3-235b-long-32k-forced": -0.090, "moe-zoo-qwen3-235b-long-32k-dropless": -0.248,
+      "moe-zoo-qwen3-235b-long-64k-forced": -0.071, "moe-zoo-qwen3-235b-long-64k-dropless": -0.193,
+      "moe-zoo-qwen3-235b-long-128k-forced": -0.059, "moe-zoo-qwen3-235b-long-128k-dropless": -0.137}),
 )
 
 
@@ -1919,6 +1947,15 @@ STEPS = (
      "long-context Qwen3 rows 0.7-2.0 points), some too slow further (megatron2024-32B +4.0% to +8.3%, "
      "korthikanti-22B-full +1.6% to +4.6%): dense 41 predicted at 11.4% / 31.3%, long-context 20 at 14.3% / 31.3%, "
      "the FP8 rows 12 at 17.1% / 29.1%, the MoE group 18 at 18.8% / 45.5%"),
+    ("the rotary embedding", "the rotary embedding as an op of the layer (`memo_sim.model.rope_kernels`, "
+     "`memo_sim.cost.rope`), run with each framework's kernels: Megatron-LM's rope fusion (one kernel per tensor), "
+     "transformers' eager apply_rotary_pos_emb (XTuner: 5 kernels and 20.5 bytes an element forward, 8 and 32.5 "
+     "backward, counted under a TorchDispatchMode), torchtitan's eager complex multiply (3 and 20.5, 4 and 21.5), one "
+     "fused kernel in a compiled block; Megatron-LM's GPT rows keep its default learned positions (no op): 46 rows "
+     "slower by 0.1-3.5 points, most too fast before (torchtitan-t1-fsdp -8.3% to -4.8% and t3-fsdp128 -10.2% to "
+     "-6.8%, uncompiled; the MoE rows on Megatron-LM 0.1-0.5), some too slow further (xtuner-llama2-7b-32k-sp1 +2.5% "
+     "to +5.5%, xtuner-llama2-70b-32k-sp4 +10.3% to +11.4%): dense 41 predicted at 11.1% / 31.1%, long-context 20 "
+     "at 14.2% / 31.1%, the FP8 rows 12 at 16.9% / 29.1%, the MoE group 18 at 18.5% / 45.2%"),
 )
 
 

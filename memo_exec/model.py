@@ -2,8 +2,9 @@
 cross-entropy, in the plan model's architecture (`memo_sim.model.config`: LayerNorm or RMSNorm,
 the biases its ``bias`` setting names, a classifier tied to the embedding or its own ``lm_head``),
 and the model's multi-token-prediction modules (``mtp``, `MTPWeights`; run by `memo_exec.mtp`).
-No positional embedding (causal attention orders tokens; the cost of rotary embeddings is not
-modelled), so the parameter count is exactly `ModelConfig.params()` + `ModelConfig.mtp_params()`
+No positional embedding (causal attention orders tokens; memo's own plans price no rotary op, ``Layout.rope``
+none, and a framework's plan that prices one is named in the report: `memo_exec.report.rope_note`), so the
+parameter count is exactly `ModelConfig.params()` + `ModelConfig.mtp_params()`
 (`ModelConfig.trained_params`, which the MFU formula and the model states use), plus the vocabulary's
 padding rows (`padded_vocab`). Under tensor parallelism the embedding and the classifier hold the TP rank's
 vocabulary rows (``vocab_split``: `memo_exec.vocab_parallel`), as the simulator prices them.

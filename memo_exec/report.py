@@ -346,6 +346,16 @@ def kernel_fusion_note(plan) -> str | None:
             "default without --framework) to compare like with like")
 
 
+def rope_note(plan) -> str | None:
+    """Where the plan prices a rotary embedding (``Layout.rope`` beside a model with rotary positions,
+    `memo_sim.model.rope_kernels`): memo-exec's layers run no rotary op (they encode no positions); None otherwise."""
+    if plan.layout.rope == "none" or plan.model.positions != "rotary":
+        return None
+    return (f"rotary embedding: the plan prices its framework's rotary kernels (layout rope {plan.layout.rope}), "
+            f"memo-exec's layers run no rotary op (they encode no positions), so its layers' time lacks them; plan "
+            f"without --framework (memo-sim's own data: rope none) to compare like with like")
+
+
 def ulysses_kept_note(plan) -> str | None:
     """Where the plan's Ulysses backward sends the gradients alone (``Layout.ulysses_bwd_resend`` False: an autograd
     Ulysses, DeepSpeed's or TransformerEngine's): memo-exec's `UlyssesAttention` then keeps the forward's head-sharded
@@ -524,14 +534,14 @@ def host_pool_note(plan, meta: dict) -> str | None:
 def plan_notes(plan, meta: dict) -> list[str]:
     """Where this run did otherwise than the plan priced, one sentence each (the bold lines of report.md and the
     run's --json ``plan_notes``): the attention kernel (`memo_exec.attention.priced_kernel_note`), the loss kernel,
-    the Ulysses backward, the embedding's and head's gradient unit, the data-parallel collectives' overlap, the
-    gradient buckets and the pinned host pool."""
+    the eager kernels, the rotary embedding, the Ulysses backward, the embedding's and head's gradient unit, the
+    data-parallel collectives' overlap, the gradient buckets and the pinned host pool."""
     from memo_exec.attention import priced_kernel_note  # noqa: PLC0415
 
     kernel = priced_kernel_note(meta.get("attention_kernel_priced"), meta.get("attention_backend"),
                                 meta.get("device_kind"))
     notes = [kernel.removeprefix("note: ") if kernel else None, loss_kernel_note(plan), kernel_fusion_note(plan),
-             ulysses_kept_note(plan),
+             rope_note(plan), ulysses_kept_note(plan),
              head_grads_note(plan), grad_sync_note(plan), reduce_bucket_note(plan), host_pool_note(plan, meta)]
     return [n for n in notes if n]
 

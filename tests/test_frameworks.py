@@ -54,6 +54,8 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             "nccl_record_stream": (True, False, "allocator retries"),
             # a compiled block reads the residual add's output once (it fuses the add into the next norm)
             "kernel_fusion": ("fused", "compiled", "time"),
+            # transformers' eager rotary formula (5 kernels, 20.5 bytes an element) against one fused kernel (4)
+            "rope": ("hf", "fused", "time"),
             # SP's backward re-gather beside the data-gradient GEMM instead of before it (a TP + SP layout)
             "sp_regather_overlap": (False, True, "time"),
             # torch's ColwiseParallel keeps SP's gathered GEMM inputs: no backward re-gather (a TP + SP layout; the

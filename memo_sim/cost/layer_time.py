@@ -22,6 +22,7 @@ from memo_sim.cost import ring_attention
 from memo_sim.cost.activations import tensor_bytes, tokens_per_gpu
 from memo_sim.model.flops import ATTN_BWD_FACTOR, op_flops
 from memo_sim.cost.memo import memoised
+from memo_sim.cost.rope import rope_cost
 from memo_sim.cost.attention_kernel import materialised_attention
 from memo_sim.cost.gemm_format import (fp8_gather_shards, gemm_cast_seconds, layer_gemm_time,
                                        weight_use_cast_seconds)
@@ -82,6 +83,8 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         return OpCost(op.name, "gemm", phase, "compute", gemm_time(f, profile, model.dtype, 0.0), flops=f)
     if op.name == "route":
         return moe.route_cost(model, layout, batch, seq, profile, phase, fraction)
+    if op.name == "rope":  # the rotary embedding, its framework's kernels (`memo_sim.cost.rope`)
+        return rope_cost(model, layout, batch, seq, profile, phase, fraction)
     if op.kind == "gemm":
         # forward: out[m, n] = x[m, k] W[k, n]; backward: two kernels of the same FLOPs, the data
         # gradient dx[m, k] = dy[m, n] W^T and the weight gradient dW[k, n] = x^T dy, each reading
@@ -103,7 +106,7 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         row = op.tp_comm_after == "reduce"
         shards = fp8_gather_shards(model, layout, row, phase) if row or op.name in sp_regathered(model) else 1
         t += gemm_cast_seconds(model, profile, phase, m, k, n, amax_fused_forward(model, fused, op.inputs[0]),
-                               amax_fused_backward(model, fused, op.outputs[0]),
+                               amax_fused_backward(model, fused, op.outputs[0], layout.rope != "none"),
                                fp8_input_kept(model, op.inputs[0]), weight_cast=weight_cast, input_shards=shards,
                                dout_shards=shards)
         return OpCost(op.name, "gemm", phase, "compute", t, flops=f)
@@ -396,7 +399,8 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
                 out += RING_COSTS[group](model, layout, batch, seq, profile, phase, fraction)
             continue
         nxt = flavour.group_of(ops[k + 1].name) if k + 1 < len(ops) else None
-        if nxt in RING_PROLOGUES and phase != "recompute":  # a ring's first step beside this op
+        if nxt in RING_PROLOGUES and nxt not in emitted and phase != "recompute":  # a ring's first step beside this
+            # op (not beside an op inside the ring's span: the rotary op between its QKV and attention)
             out.append(RING_PROLOGUES[nxt](model, layout, batch, seq, profile, phase))
         if op.kind == "moe_comm":  # the token dispatcher's collectives (`memo_sim.cost.moe`)
             out += moe.dispatcher_costs(op, model, layout, batch, seq, profile, phase, fraction)
@@ -420,6 +424,8 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
                 out.append(feeds)
                 feeds = None
             cost = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction)
+            if op.name == "rope" and cost.seconds == 0.0:  # no rotary op run (rope none, learned positions)
+                continue
             out += _cp_gathered(cost, model, layout, batch, seq, profile) if gathered else [cost]
         if op.kind == "attention" and layout.cp > 1 and ring_attention.applies(model, layout, seq):
             merge = ring_attention.ring_merge_cost(model, layout, batch, seq, profile, phase, fraction)

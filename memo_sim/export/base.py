@@ -405,13 +405,17 @@ def gemm_format_gap(plan: Plan, framework: str) -> list[Gap]:
                 f"{', '.join(fw.gemm_formats)})", PlanChange(gemm_format=new))]
 
 
-def rotary_gaps(m, why: str, partial: bool = True) -> list[Gap]:
+def rotary_gaps(m, why: str, partial: bool = True, learned: bool = False) -> list[Gap]:
     """A model's rotary details a framework's options do not express (``why`` says so): layers without rotary
-    embedding (``nope_period``: Llama 4's NoPE layers) and, where ``partial``, a rotary embedding over part of each
-    head (``rotary_fraction``: GLM-4.5's); the framework's script turns every head dimension on every layer."""
+    embedding (``nope_period``: Llama 4's NoPE layers), where ``partial`` a rotary embedding over part of each
+    head (``rotary_fraction``: GLM-4.5's), and where ``learned`` learned positions (``positions``: GPT-2's table);
+    the framework's script turns every head dimension on every layer."""
     parts = [(m.nope_period, f"no rotary embedding on one layer in every {m.nope_period} (NoPE)")]
     if partial:
         parts.insert(0, (m.rotary_fraction, f"a rotary embedding over {m.rotary_fraction:g} of each head"))
+    if learned:
+        parts.insert(0, (m.positions == "learned", "learned absolute positions (a position table, no rotary "
+                                                    "embedding in the layers)"))
     return [Gap(what, f"rotary embeddings over every head dimension on every layer ({why}): set it in the model by "
                       f"hand") for on, what in parts if on]
 

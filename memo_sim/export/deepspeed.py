@@ -310,17 +310,19 @@ def _architecture(plan: Plan) -> list[tuple[str, str | None]]:
     with --no-position-embedding and --rotary-position-embeddings-theta, an integer there, --layernorm-epsilon,
     which its RMSNorm layers take too, --disable-bias-linear, --untie-embeddings-and-output-weights).
 
-    The rotary embedding is written for every model, LayerNorm ones too: memo counts no position table (GPT-NeoX is
-    rotary, memo's GPT presets are priced so), and a review found them left on learned absolute positions, the
-    default (arguments.py at 4efb479d lines 633-642; --use-rotary-position-embeddings turns the table off, lines
-    314-317; --rotary-percent, megatron/model/language_model.py line 431, GPT-NeoX's rotary_pct)."""
+    The rotary embedding is written for every model with rotary positions (``ModelConfig.positions``), LayerNorm
+    ones too (GPT-NeoX is rotary, memo's GPT presets are priced so); learned ones keep the default table. A review
+    found them left on learned absolute positions, the default (arguments.py at 4efb479d lines 633-642; --use-
+    rotary-position-embeddings turns the table off, lines 314-317; --rotary-percent,
+    megatron/model/language_model.py line 431, GPT-NeoX's rotary_pct)."""
     m, args = plan.model, []
     if m.ffn_type == "swiglu":
         args.append(("--swiglu", None))
     if m.norm == "rmsnorm":
         args.append(("--normalization", "rmsnorm"))
-    args += [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None)]
-    if m.rope_theta:  # the config's rotary base (the default is 10000; Llama-3.1 500000, Qwen3 1e6)
+    if m.positions == "rotary":  # learned positions: the default table (the model's positions)
+        args += [("--use-rotary-position-embeddings", None), ("--no-position-embedding", None)]
+    if m.rope_theta and m.positions == "rotary":  # the rotary base (default 10000; Llama-3.1 500000, Qwen3 1e6)
         args.append(("--rotary-position-embeddings-theta", str(int(m.rope_theta))))
     if m.rotary_fraction:  # GLM-4.5's and GPT-NeoX's partial rotary
         args.append(("--rotary-percent", f"{m.rotary_fraction:g}"))

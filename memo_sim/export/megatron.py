@@ -356,11 +356,14 @@ ATTENTION_BACKENDS = {"cudnn": "fused", "flash": "flash", "materialised": "unfus
 
 
 def rotary_arguments(m) -> list[tuple[str, str | None]]:
-    """The rotary embedding memo prices for every model (it counts no position table: GPT-NeoX's rotary, memo's GPT
+    """The rotary embedding of a model with rotary positions (``ModelConfig.positions``: GPT-NeoX's rotary, memo's GPT
     presets too), written as such whatever the norm; a review found LayerNorm models left on Megatron's default
     --position-embedding-type learned_absolute (megatron/training/arguments.py at d98e8a64, line 2397), an unpriced
-    table of --max-position-embeddings rows. --rotary-percent (line 2420, GPTModel's rotary_percent in
-    megatron/core/models/gpt/gpt_model.py line 186) writes a partial rotary: GLM-4.5's 0.5, GPT-NeoX's rotary_pct."""
+    table of --max-position-embeddings rows. A model with learned positions (GPT-2's) gets that default, written.
+    --rotary-percent (line 2420, GPTModel's rotary_percent in megatron/core/models/gpt/gpt_model.py line 186) writes a
+    partial rotary: GLM-4.5's 0.5, GPT-NeoX's rotary_pct."""
+    if m.positions == "learned":  # a position table: Megatron-LM's default, written so (the model's positions)
+        return [("--position-embedding-type", "learned_absolute")]
     args: list[tuple[str, str | None]] = [("--position-embedding-type", "rope")]
     if m.rope_theta:  # the config's rotary base (Megatron's default is 10000; Llama-3.1 500000, Qwen3 1e6)
         args.append(("--rotary-base", f"{m.rope_theta:.0f}"))

@@ -401,7 +401,7 @@ def gaps(plan: Plan) -> list[Gap]:
         out.append(Gap(f"chunked attention ({m.attention_chunk}-token chunks on {m.chunked_layers} of {m.layers} "
                        f"layers)", "full causal attention on every layer (torchtitan at this version ships no model "
                        "with chunked attention)"))
-    out += rotary_gaps(m, "none of the models memo writes for torchtitan takes it")
+    out += rotary_gaps(m, "none of the models memo writes for torchtitan takes it", learned=True)
     base, note = _base(plan)
     if note and m.rope_scaling and not (_module(plan) == "qwen3" and m.moe):  # a stand-in's rotary embedding
         out.append(Gap(f"rotary scaling ({m.rope_scaling})", f"{base}'s own rotary embedding: set the model's "

@@ -27,6 +27,10 @@ policies, and how it runs what the simulator models as a switch
 - ``kernel_fusion`` (optional, default ``fused``): how the norms, activations and residual adds run,
   hand-fused kernels or a ``compiled`` block (torch.compile: adjacent memory-bound ops and FP8 amax
   reductions fused; `memo_sim.model.kernel_fusion`);
+- ``rope`` (optional, default ``none``): the kernels the framework's layers turn the query and key heads with,
+  ``fused`` (Megatron-LM's rope fusion), ``hf`` (transformers' eager formula) or ``complex`` (torchtitan's eager
+  complex multiply), ``none`` where it runs no rotary op (memo's executor; Megatron-LM before 2023's learned
+  positions); priced for models with rotary positions (`memo_sim.model.rope_kernels`);
 - ``sp_regather_overlap`` (optional, default false): under sequence parallelism the backward all-gathers
   a column-parallel GEMM's input again for its weight gradient; true where the framework issues that
   all-gather asynchronously beside the data-gradient GEMM (`memo_sim.layout.parallel`);
@@ -140,6 +144,7 @@ from memo_sim.layout.schedule import SCHEDULE_NAMES
 from memo_sim.model.config import DTYPES, ModelConfig, modules_words
 from memo_sim.model.gemm_formats import GEMM_FORMATS
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
+from memo_sim.model.rope_kernels import ROPE_KERNELS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
 from memo_sim.model.precision import RECIPES
 from memo_sim.tp import TP_MODES
@@ -150,7 +155,7 @@ DATA = Path(__file__).parent / "data"
 MECHANISMS = {"attention": "attention", "block_attention": "block_attention", "grad_overlap": "grad_overlap",
               "cross_entropy": "cross_entropy",
               "host_pool": "host_pool", "expandable_segments": "expandable_segments", "alloc_conf": "alloc_conf",
-              "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion",
+              "nccl_record_stream": "nccl_record_stream", "kernel_fusion": "kernel_fusion", "rope": "rope",
               "sp_regather_overlap": "sp_regather_overlap", "sp_input_kept": "sp_input_kept",
               "ring_merge": "ring_merge",
               "ulysses_kv": "ulysses_kv", "ulysses_bwd_resend": "ulysses_bwd_resend",
@@ -270,6 +275,7 @@ class _MechanismsIn(BaseModel):
     alloc_conf: str = Field("", strict=True)  # the rest of PYTORCH_CUDA_ALLOC_CONF (`memo_sim.layout.alloc_conf`)
     nccl_record_stream: bool = Field(False, strict=True)  # recordStream on collective tensors (`layout.parallel`)
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"  # fused | compiled (`memo_sim.model.kernel_fusion`)
+    rope: Literal[ROPE_KERNELS] = "none"  # the rotary embedding's kernels (`memo_sim.model.rope_kernels`)
     sp_regather_overlap: bool = Field(False, strict=True)  # SP's backward re-gather beside the dgrad GEMM
     sp_input_kept: bool = Field(False, strict=True)  # SP's gathered GEMM inputs saved, no backward re-gather
     ring_merge: Literal[RING_MERGE_NAMES] = "none"  # ring CP's passes beside its kernels (`layout.ring_merge`)

@@ -54,6 +54,12 @@ Loss kernel (``cross_entropy``, `memo_sim.cost.boundary`): ``chunked`` (memo's e
 ``chunked_wrapper`` (torchtitan's ``ChunkedLossWrapper``: ``torch_fused`` over 8 chunks of the tokens); they
 move and keep different bytes per logit (`memo_sim.cost.loss_kernels`). Left out of `Layout.to_dict` when ``chunked``.
 
+Rotary embedding (``rope``, `memo_sim.model.rope_kernels`): the kernels the framework turns the query and key heads
+with, ``none`` (memo's executor, whose layers encode no positions; Megatron-LM before 2023), ``fused`` (one kernel
+per tensor: Megatron-LM's rope fusion), ``hf`` (transformers' eager formula, XTuner) or ``complex`` (torchtitan's
+eager complex multiply); a compiled block runs either eager formula as one fused kernel. Priced only for a model
+with rotary positions (``ModelConfig.positions``). Left out of `Layout.to_dict` when ``none``.
+
 Pinned host pool (``host_pool``, `memo_sim.policy.host_layout`): ``registered_pool`` (memo's
 executor: exact bytes) or ``caching_host_allocator`` (PyTorch's ``pin_memory``: each tensor
 rounded as the profile's ``host.pinned_rounding`` says), a runtime setting of offloading
@@ -165,6 +171,7 @@ from memo_sim.layout.rank_order import (
 _CHUNKS = f"chunk_layers ({LAYOUT_OPTION})"  # the field, and the option that sets it
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES, whole_sequence_only
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
+from memo_sim.model.rope_kernels import ROPE_KERNELS
 from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
 
 BLOCK_KERNELS = ("", "flash", "cudnn")  # `Layout.block_attention`: blocks merged by log-sum-exp run a fused kernel
@@ -200,6 +207,7 @@ class Layout:
     alloc_conf: str = ""  # the rest of PYTORCH_CUDA_ALLOC_CONF, canonical (`layout.alloc_conf`); "": defaults
     nccl_record_stream: bool = False  # collective buffers held by recordStream until a synchronisation
     kernel_fusion: str = "fused"  # memory-bound kernels: fused | compiled (torch.compile; `model.kernel_fusion`)
+    rope: str = "none"  # the rotary embedding's kernels: none | fused | hf | complex (`memo_sim.model.rope_kernels`)
     sp_regather_overlap: bool = False  # SP's backward re-gather beside the data-gradient GEMM (module docs)
     sp_input_kept: bool = False  # SP's gathered GEMM inputs saved for the weight gradients, no re-gather (module docs)
     ring_merge: str = "none"  # ring CP's passes beside its kernels: none | torch_cp (`memo_sim.layout.ring_merge`)
@@ -450,6 +458,8 @@ class Layout:
             del d["nccl_record_stream"]
         if self.kernel_fusion == "fused":  # and plans with hand-fused kernels theirs
             del d["kernel_fusion"]
+        if self.rope == "none":  # and plans priced without a rotary op (memo's executor runs none) theirs
+            del d["rope"]
         if not self.sp_regather_overlap:  # and plans whose SP re-gathers run before the GEMM theirs
             del d["sp_regather_overlap"]
         if not self.sp_input_kept:  # and plans whose SP keeps the shard and gathers it again theirs
@@ -516,6 +526,7 @@ class _LayoutIn(BaseModel):
     alloc_conf: str = Field("", strict=True, max_length=2000)
     nccl_record_stream: bool = Field(False, strict=True)
     kernel_fusion: Literal[KERNEL_FUSIONS] = "fused"
+    rope: Literal[ROPE_KERNELS] = "none"
     sp_regather_overlap: bool = Field(False, strict=True)
     sp_input_kept: bool = Field(False, strict=True)
     ring_merge: Literal[RING_MERGE_NAMES] = "none"
@@ -969,6 +980,8 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
         return f"cross_entropy must be one of {', '.join(CROSS_ENTROPY_KERNELS)}, got {layout.cross_entropy!r}"
     if layout.kernel_fusion not in KERNEL_FUSIONS:
         return f"kernel_fusion must be one of {', '.join(KERNEL_FUSIONS)}, got {layout.kernel_fusion!r}"
+    if layout.rope not in ROPE_KERNELS:
+        return f"rope must be one of {', '.join(ROPE_KERNELS)}, got {layout.rope!r}"
     if layout.ring_merge not in RING_MERGE_NAMES:
         return f"ring_merge must be one of {', '.join(RING_MERGE_NAMES)}, got {layout.ring_merge!r}"
     if layout.cp > 1 and whole_sequence_only(layout.ring_merge, model, seq):

@@ -22,7 +22,7 @@ from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.iteration_stream import FREE, FREE_STREAM, MALLOC, ROLES, IterationStream, Request
 from memo_sim.memplan.trace_gen import layer_backward_trace, layer_forward_trace, per_gpu_shard, placed_only
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import DTYPE_BYTES, UNPLACED, forward_ops, layer_tensors
+from memo_sim.model.layer_graph import DTYPE_BYTES, IN_PLACE_NO_SAVED, UNPLACED, forward_ops, layer_tensors
 from memo_sim.policy.base import Policy, uses_memory_plan
 from memo_sim.request_trace import RequestTrace
 from memo_sim.tp import comm_buffer_prefixes
@@ -96,7 +96,7 @@ def _release_op(model: ModelConfig) -> dict[str, str]:
     for t, spec in layer_tensors(model).items():
         if not spec.saved:
             continue
-        users = [k for k, op in enumerate(ops) if t in op.inputs
+        users = [k for k, op in enumerate(ops) if (t in op.inputs and op.name not in IN_PLACE_NO_SAVED)
                  or (op.kind == "attention" and t in op.outputs)]
         if users:
             out[t] = ops[min(users)].name
@@ -180,7 +180,7 @@ def _layer_templates(model: ModelConfig, layout: Layout, batch: int, seq: int, p
     sk = skeletal_bytes(model, layout, batch, seq)
     fwd = layer_forward_trace(model, layout, batch, seq)
     fsteps = _forward_op_steps(model, layout)
-    producer = {o: op.name for op in forward_ops(model) for o in op.outputs}
+    producer = {o: op.name for op in forward_ops(model) if op.name not in IN_PLACE_NO_SAVED for o in op.outputs}
     release = _release_op(model)
     fwd_end = max(b.upper for b in fwd.buffers) if fwd.buffers else max(fsteps.values()) + 1
     fnames = {b.name for b in fwd.buffers}

@@ -45,6 +45,14 @@ framework's default; a Hugging Face config gives them, and the exports write the
 - ``nope_period`` N: every N-th layer has no rotary embedding (Llama 4's NoPE layers, every fourth;
   Megatron-LM's ``--no-rope-freq N``; 0: rotary on every layer).
 
+How positions enter (``positions``): ``rotary`` (every family memo models from a Hugging Face config but GPT-2; memo's
+presets) turns each query and key head by its position in every layer, the op the framework's rotary kernel prices
+(`memo_sim.model.rope_kernels`, ``Layout.rope``, over the share of the heads and layers ``rotary_fraction`` and
+``nope_period`` leave it);
+``learned`` adds a learned position table to the embedding's output once (GPT-2's ``wpe``, Megatron-LM's default
+``--position-embedding-type learned_absolute``, which its GPT example scripts keep): no op in the layers, the table
+neither counted nor priced.
+
 Mixture of experts (``experts`` > 0; `memo_sim.model.moe_routers` for the router): every layer but
 ``dense_layers`` of them replaces its FFN with ``experts`` routed experts of width ``expert_ffn``
 (SwiGLU or GELU as ``ffn_type``), of which each token uses ``top_k``, beside ``shared_experts``
@@ -108,6 +116,7 @@ FFN_TYPES = ("gelu", "swiglu")
 DTYPES = ("bf16", "fp16", "fp32")
 NORMS = ("layernorm", "rmsnorm")
 BIASES = ("all", "qkv", "none")
+POSITIONS = ("rotary", "learned")  # `ModelConfig.positions` (module docs)
 # Physical caps: the largest published models have ~130 layers, hidden 25K, vocab 256K; a value
 # past these is a typo (1e30 layers would hang the simulator), refused with this range.
 MAX_LAYERS = 4096
@@ -125,7 +134,7 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "router_group_topk": 0, "router_normalised": True,
                    "router_scaling": 1.0, "rope_theta": 0.0, "norm_eps": 0.0, "aux_loss_coef": 0.0,
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
-                   "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
+                   "positions": "rotary", "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
                    "fp8_weights_per_use": False, "fp8_weights_saved": False, "fp8_transposes": True,
                    "fp8_attention_copy": True,
                    "qk_norm_kept": False, "offload_copies_per_group": False}
@@ -224,6 +233,7 @@ class _ModelIn(BaseModel):
     rope_scaling: str = Field("", strict=True, max_length=200)
     rotary_fraction: Annotated[float, Field(ge=0, le=1.0, allow_inf_nan=False)] = 0.0
     nope_period: Annotated[int, Field(strict=True, ge=0, le=MAX_LAYERS)] = 0
+    positions: Literal[POSITIONS] = "rotary"
     mtp_layers: Annotated[int, Field(strict=True, ge=0, le=MAX_MTP_LAYERS)] = 0
     not_modelled: str = Field("", strict=True, max_length=MAX_NOTES)
     gemm_format_from: str = Field("", strict=True, max_length=1000)
@@ -266,6 +276,9 @@ class _ModelIn(BaseModel):
             raise ValueError(f"chunked_layers ({self.chunked_layers}) and sliding_layers ({self.sliding_layers}) "
                              f"exceed the {self.layers} layers")
         _check_period(self.layers, "chunked", self.chunked_period, self.chunked_layers)
+        if self.positions == "learned" and (self.rotary_fraction or self.nope_period or self.qk_rope_dim):
+            raise ValueError("positions learned (a position table, no rotary embedding) takes no rotary_fraction, "
+                             "nope_period or qk_rope_dim; give positions rotary or leave them at 0")
         if self.nope_period == 1 or self.nope_period > self.layers:
             raise ValueError(f"nope_period ({self.nope_period}): every N-th layer without rotary embedding needs N "
                              f"from 2 to the {self.layers} layers; give 0 for rotary on every layer")
@@ -453,6 +466,7 @@ class ModelConfig:
     rope_scaling: str = ""
     rotary_fraction: float = 0.0  # the share of each head the rotary embedding turns (0: all)
     nope_period: int = 0  # every N-th layer without rotary embedding (0: none)
+    positions: str = "rotary"  # rotary | learned: how positions enter (module docs)
     # multi-token prediction modules after the last layer (module docs; 0: none)
     mtp_layers: int = 0
     # what the source describes that memo neither counts nor prices (a sentence every what-if shows)

@@ -8,7 +8,13 @@ without its Triton kernels, and torchtitan's RMSNorm and FeedForward without ``-
 - RMSNorm over an fp32 upcast: ``x.float()``, ``pow(2)``, ``mean(-1)``, ``+ eps``, ``rsqrt``, ``*``, the cast
   back, ``weight *``: 8 kernels forward (6 in fp32, where the casts do nothing) and 16 backward (14), against
   the fused kernel's one, 36 bytes per element of its output forward where the fused one moves 4;
-- SwiGLU, ``silu(gate) * up``: 2 kernels forward, 3 backward (``mul``'s two gradients, ``silu_backward``).
+- SwiGLU, ``silu(gate) * up``: 2 kernels forward, 3 backward (``mul``'s two gradients, ``silu_backward``);
+- the rotary embedding on the query or the key heads, each framework's own formula (``Layout.rope``,
+  `memo_sim.model.rope_kernels`): transformers' ``apply_rotary_pos_emb`` (``rope_hf``: ``q * cos + rotate_half(q) *
+  sin``, rotate_half a ``neg`` and a ``cat``: 5 kernels forward, 8 backward) and torchtitan's ``apply_rotary_emb``
+  (``rope_complex``: the fp32 upcast, a complex multiply by ``freqs_cis``, the cast back: 3 forward, 4 backward),
+  counted at 8 heads of 128 (the position tables, read once per kernel and broadcast over the heads, add 2 / heads
+  bytes an element: 0.25 here; 0.06 at 32 heads).
 
 Autograd also keeps more for their backward than the fused kernel's input and output: RMSNorm the fp32 copy of its
 input and the normalised rows before the weight (6 bytes an element in bf16; 4 in fp32, where the copy is the input
@@ -24,7 +30,7 @@ the bytes they read and write (the same ops on any device), and `tests/test_eage
 Counted with torch 2.13.0 (CPU wheel) on 2026-12-04: ``python benchmarks/eager_kernels.py`` (4,096 tokens x
 1,024; at 8,192 x 4,096 the same to 0.01 byte).
 
-Not modelled: the rotary embedding's eager ops (memo prices no rotary op in any mode); the transient buffers of
+Not modelled: the transient buffers of
 the eager ops (an fp32 copy between two kernels) beside the layer's other transients; what SPPO's and MEMO's
 token-wise policies would do with the eager saved tensors (they keep them on the GPU).
 """
@@ -58,6 +64,10 @@ EAGER_OPS: dict[tuple[str, int], EagerOp] = {
     ("rmsnorm", 4): EagerOp(28.0, 6, 92.0, 14, 4.0),
     ("swiglu", 2): EagerOp(10.0, 2, 18.0, 3, 2.0),
     ("swiglu", 4): EagerOp(20.0, 2, 36.0, 3, 4.0),
+    ("rope_hf", 2): EagerOp(20.5, 5, 32.5, 8, 0.0),
+    ("rope_hf", 4): EagerOp(41.0, 5, 65.0, 8, 0.0),
+    ("rope_complex", 2): EagerOp(20.5, 3, 21.5, 4, 0.0),
+    ("rope_complex", 4): EagerOp(8.5, 1, 9.5, 2, 0.0),
 }
 # the layer graph's activation ops (`memo_sim.model.layer_graph`): the dense FFN's, the routed and the shared experts'
 _ACTIVATIONS = ("act", "expert_act", "shared_act")

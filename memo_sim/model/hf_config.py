@@ -41,8 +41,8 @@ JSON booleans or null (`_flag`: a string "false" is refused, not read as true), 
 
 A ``head_dim`` the file states is kept for the families that read it (qwen3, llama, mistral and the MoE ones), even
 where it is hidden / heads, so that ``--hidden`` keeps the head size as README says. GPT-NeoX's ``rotary_pct``
-(0.25 by default) is read as ``rotary_fraction``; GPT-2's learned position table (``wpe``) is neither counted nor
-priced, and named in the model's notes.
+(0.25 by default) is read as ``rotary_fraction``; GPT-2 has learned positions (``positions`` learned: no rotary op in
+its layers), its position table (``wpe``) neither counted nor priced, and named in the model's notes.
 """
 
 from __future__ import annotations
@@ -307,9 +307,10 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
         d.update(qk_norm=True)
     if mt == "gpt_neox":  # GPTNeoXAttention turns the first rotary_pct of each head (0.25 by default)
         d.update(_rotary_fraction(c, "rotary_pct", refuse))
-    if mt == "gpt2":
+    if mt == "gpt2":  # learned positions: no rotary op in the layers (``ModelConfig.positions``)
+        d.update(positions="learned")
         add_note(d, f"GPT-2's learned position table (wpe: {c.get('n_positions', 1024)!r} x {hidden}) is neither "
-                 f"counted nor priced: memo plans and exports rotary positions")
+                 f"counted nor priced")
     if head_dim is not None and mt in ("qwen3", *_HEAD_DIM):  # the file's own head size, kept under --hidden
         d.update(head_dim=head_dim)
     d.update(_numerics(c, refuse, moe=False))

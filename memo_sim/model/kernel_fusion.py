@@ -20,8 +20,8 @@ layer's op graph (`memo_sim.model.layer_graph.forward_ops`).
   `memo_sim.model.eager_kernels`.
   LayerNorm, GELU and the residual adds are one kernel each in eager PyTorch too, priced as ``fused``.
 
-Not modelled: Inductor's fusion of the rotary embedding, and the rotary embedding's eager ops (memo
-prices no rotary op in any mode).
+The rotary embedding follows the framework's own kernels (``Layout.rope``), one fused kernel per tensor in a
+compiled block (`memo_sim.model.rope_kernels`).
 """
 
 from __future__ import annotations
@@ -51,10 +51,13 @@ def fused_inputs(model: ModelConfig) -> dict[str, tuple[str, ...]]:
 
 
 @lru_cache(maxsize=256)
-def _kinds(model: ModelConfig) -> tuple[dict[str, str], dict[str, str]]:
-    """(tensor -> kind of the op writing it, tensor -> kind of the first op reading it) in forward."""
+def _kinds(model: ModelConfig, rope: bool = True) -> tuple[dict[str, str], dict[str, str]]:
+    """(tensor -> kind of the op writing it, tensor -> kind of the first op reading it) in forward; without the
+    rotary op where the layout runs none (``rope`` False: ``Layout.rope`` none)."""
     writer, reader = {}, {}
     for op in forward_ops(model):
+        if op.name == "rope" and not rope:
+            continue
         for t in op.inputs:
             reader.setdefault(t, op.kind)
         for t in op.outputs:
@@ -68,7 +71,8 @@ def amax_fused_forward(model: ModelConfig, kernel_fusion: str, tensor: str) -> b
     return kernel_fusion == "compiled" and _kinds(model)[0].get(tensor) in _MEMORY_BOUND
 
 
-def amax_fused_backward(model: ModelConfig, kernel_fusion: str, output: str) -> bool:
+def amax_fused_backward(model: ModelConfig, kernel_fusion: str, output: str, rope: bool = True) -> bool:
     """Whether the gradient of a GEMM's ``output`` is written by a memory-bound kernel of a compiled
-    block (the backward of the op that reads ``output`` in forward), which then computes its amax."""
-    return kernel_fusion == "compiled" and _kinds(model)[1].get(output) in _MEMORY_BOUND
+    block (the backward of the op that reads ``output`` in forward: the rotary op's for q and k where the layout
+    runs one, ``rope``), which then computes its amax."""
+    return kernel_fusion == "compiled" and _kinds(model, rope)[1].get(output) in _MEMORY_BOUND

@@ -7,6 +7,8 @@ Forward, per layer (x is the layer input, y its output = the next layer's input)
 
     ln1 = norm(x)                       [TP+SP: all-gather ln1 over the sequence]
     q, k, v = ln1 @ Wqkv                (gemm)
+    q, k = rope(q, k)                   (the rotary embedding, in place: `memo_sim.model.rope_kernels`; none for
+                                         learned positions, ``ModelConfig.positions``)
     attn, lse = causal_attention(q,k,v) (attention; lse = fp32 log-sum-exp per head)
     proj = attn @ Wo                    (gemm)   [TP: all-reduce, or reduce-scatter with SP]
     h1 = x + proj
@@ -320,6 +322,8 @@ def forward_ops(model: ModelConfig) -> list[OpSpec]:
     h, kv, f1, f = model.hidden, model.kv_dim, model.fc1_width, model.ffn
     qkv = _mla_ops(model) if model.mla else [
         OpSpec("qkv", "gemm", ("ln1",), ("q", "k", "v"), gemm=(h, model.q_dim + kv + model.v_dim))]
+    if model.positions == "rotary":  # the query and key heads turned by their positions (`memo_sim.model.rope_kernels`)
+        qkv.append(OpSpec("rope", "elementwise", ("q", "k"), ("q", "k")))
     # the FFN's input is all-gathered over TP for a dense FFN (and a MoE block's shared experts); the
     # routed experts read each rank's own shard
     ffn = _moe_ops(model) if model.moe else [
@@ -373,8 +377,8 @@ def recompute_ops(model: ModelConfig, tp_mode: str = "megatron") -> list[OpSpec]
     """Ops MEMO re-runs for the dropped tokens before a layer's backward.
 
     From the offloaded layer input x and attention output attn every "other" skeletal tensor is
-    rebuilt token-wise: ln1, q/k/v, proj (only to rebuild h1), h1, ln2, fc1, act. The attention
-    core and fc2 are not re-run. Under METP the block tensors are not skeletal, so their ops are
+    rebuilt token-wise: ln1, q/k/v (turned by the rotary op again), proj (only to rebuild h1), h1, ln2, fc1,
+    act. The attention core and fc2 are not re-run. Under METP the block tensors are not skeletal, so their ops are
     not re-run: ``metp_ffn`` drops fc1 and act, ``metp`` also qkv (only ln1, out_proj, add1 and ln2
     remain; out_proj runs as a ring of W_proj blocks, `memo_sim.cost.metp`).
     """
@@ -386,12 +390,16 @@ def recompute_ops(model: ModelConfig, tp_mode: str = "megatron") -> list[OpSpec]
 
 
 # the ops MEMO's token-wise recompute re-runs (`recompute_ops`): every op rebuilding an "other" skeletal
-# tensor, and out_proj + add1 for h1; latent attention's projections and the MoE block's routing, dispatch
+# tensor (the rotary op turning the rebuilt q and k), and out_proj + add1 for h1; latent attention's projections and the MoE block's routing, dispatch
 # (the recomputed rows go to their experts again, Llama 4's weighted again) and expert / shared FFN inputs
-RECOMPUTED = frozenset({"ln1", "qkv", "out_proj", "add1", "ln2", "fc1", "act",
+RECOMPUTED = frozenset({"ln1", "qkv", "rope", "out_proj", "add1", "ln2", "fc1", "act",
                         "q_down", "q_lnorm", "q_up", "q_proj", "kv_down", "kv_lnorm", "kv_up",
                         "router", "route", "permute", "dispatch", "weight_input", "expert_fc1", "expert_act",
                         "shared_fc1", "shared_act"})
+# ops turning their input in place whose backward reads none of the layer's tensors (the rotary op's reads only its
+# position tables): they neither produce a saved tensor nor hold one for their backward (`memo_sim.memplan.
+# iteration_requests`)
+IN_PLACE_NO_SAVED = frozenset({"rope"})
 # ops re-run only where the model keeps their output: the shared experts' second GEMM under a shared gate
 RECOMPUTED_IF_KEPT = frozenset({"shared_fc2"})
 

@@ -24,6 +24,8 @@ The executor builds:
   pipelines, not ring CP, Ulysses or METP's rings, not SPPO's pieces; `memo_exec.attention_sinks`), and chunked
   attention (Llama 4's, placed by ``chunked_period``, under the same rule; the math kernel masks the earlier
   chunks); no latent attention;
+- no rotary embedding (its layers encode no positions: a plan priced with its framework's ``rope`` runs, its
+  ``report.md`` naming the kernels it priced and the executor did not run);
 - uncompiled kernels (``kernel_fusion`` fused), its own ring (no ``ring_merge`` passes), a static memory plan for
   MEMO only; sequence parallelism as Megatron-LM runs it (the shard kept, gathered again in the backward) and as
   torch's ColwiseParallel does (``sp_input_kept``: the gathered input kept) in dense layers under store-all and full

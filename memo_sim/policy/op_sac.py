@@ -6,10 +6,11 @@ SDPA kernels and of the reduce-scatters, and recomputes every other op before th
 
 In a dense Llama block the linear GEMMs run in the order wq, wk, wv, wo, w1, w3, w2 (w1, w2 without a gate), so
 the outputs of wq, wv, w1 and w2 are kept and wk, wo and w3 re-run; the attention output and its log-sum-exp are
-kept; the norms, the residual adds and the activation re-run. Memory: store-all's skeletal bytes without ln1, k,
+kept; the norms, the rotary embedding (of wq's kept output and wk's re-run one), the residual adds and the
+activation re-run. Memory: store-all's skeletal bytes without ln1, k,
 h1, ln2, act and the up half of fc1, with w2's output (which store-all does not keep) added
-(`memo_sim.cost.activations.OP_SAC_DROPPED`). Time: store-all's plus, before each layer's backward, the norms
-(with their sequence-parallel all-gathers), wk's and w3's share of the fused qkv and fc1 GEMMs, the output
+(`memo_sim.cost.activations.OP_SAC_DROPPED`). Time: store-all's plus, before each layer's backward, the norms (with
+their sequence-parallel all-gathers), wk's and w3's share of the fused qkv and fc1 GEMMs, the rotary op, the output
 projection (with its reduce), the residual add and the activation (`recompute_costs`). Recomputation stops after
 the last tensor the backward needs (PyTorch's non-reentrant checkpoint stops early, as at 9dec370), so the last
 residual add does not re-run (torchtitan today passes early_stop=False, which re-runs it too: one elementwise op,
@@ -32,7 +33,7 @@ from memo_sim.policy.recompute_modules import RecomputeModules
 from memo_sim.policy.registry import register
 
 # the ops re-run whole before a layer's backward, and the GEMMs re-run in part (their share of the fused GEMM)
-_WHOLE = ("ln1", "out_proj", "add1", "ln2", "act")
+_WHOLE = ("ln1", "rope", "out_proj", "add1", "ln2", "act")
 
 
 @register
