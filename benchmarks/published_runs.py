@@ -974,14 +974,16 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
     "moe-zoo-mixtral-8x22b-forced": _VPP7,
     "moe-zoo-mixtral-8x22b-capacity1": _VPP7,
     "moe-zoo-mixtral-8x22b-fp8-forced": lambda r: (
-        "FP8 block-wise GEMMs. memo prices them on the FP8 peak (2x bf16's) no faster than the tensorwise curve "
-        "torch._scaled_mm measured on an H200 (0.38-0.67 of that peak; the profile has no blockwise curve), with "
+        "FP8 block-wise GEMMs. memo prices them on the FP8 peak (2x bf16's) on the profile's block-wise curve: the "
+        "tensorwise curve torch._scaled_mm measured on an H200 (0.38-0.67 of that peak) over the block-wise kernel's "
+        "time per tensorwise time on the same shapes in one run (1.10x at 1e11-2e11 FLOPs to 1.16x at 4e12: cuBLASLt's "
+        "1x128 / 128x128 scale modes, measured 2026-12-04), with "
         "TransformerEngine's quantise/transpose casts of every GEMM input"
         + _beside(r, "bf16 GEMMs", lambda v: f"; that makes this run {v / r.predicted_s:.2f}x faster than the same run "
                                              f"with bf16 GEMMs ({v:.3f} s to {r.predicted_s:.3f} s, beside the row)")
-        + ". The script's expected values give 1.20x (465 to 560 TFLOP/s). Not modelled: the blockwise kernels' own "
-        "efficiency (their "
-        "per-block scaling in the main loop, which would slow them below tensorwise; not measured), "
+        + ". The script's expected values give 1.20x (465 to 560 TFLOP/s). Not modelled: TransformerEngine's own "
+        "block-scaling GEMM path of the run's release (the kernel measured is torch's call of cuBLASLt; TE on Hopper "
+        "sets the same scale modes in its grouped GEMM, not checked for the run's version), "
         "--fp8-param-gather. This row also has the VPP-7 gap of the BF16 rows"),
     "moe-flagperf-mixtral-8x7b": (
         "not pinned down. memo puts the run at 36% MFU; FlagPerf measured 20.7%. What the run uses that memo does not "
@@ -1654,6 +1656,9 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-32k-forced": -0.090, "moe-zoo-qwen3-235b-long-32k-dropless": -0.248,
       "moe-zoo-qwen3-235b-long-64k-forced": -0.071, "moe-zoo-qwen3-235b-long-64k-dropless": -0.193,
       "moe-zoo-qwen3-235b-long-128k-forced": -0.059, "moe-zoo-qwen3-235b-long-128k-dropless": -0.137}),
+    ("7f9bbac", "2026-12-04", "before the Hopper profiles measured row-wise and block-wise FP8 GEMMs (both ran on "
+     "the tensorwise curve, no faster: `GemmFormat.no_faster_than`)",
+     {"moe-zoo-mixtral-8x22b-fp8-forced": -0.186}),
 )
 
 
@@ -1956,6 +1961,14 @@ STEPS = (
      "-6.8%, uncompiled; the MoE rows on Megatron-LM 0.1-0.5), some too slow further (xtuner-llama2-7b-32k-sp1 +2.5% "
      "to +5.5%, xtuner-llama2-70b-32k-sp4 +10.3% to +11.4%): dense 41 predicted at 11.1% / 31.1%, long-context 20 "
      "at 14.2% / 31.1%, the FP8 rows 12 at 16.9% / 29.1%, the MoE group 18 at 18.5% / 45.2%"),
+    ("FP8 GEMMs with row-wise and block-wise scales measured", "the Hopper profiles' fp8-rowwise and fp8-blockwise "
+     "curves: their measured tensorwise curve over each "
+     "format's time per tensorwise time on the same 218 layer-GEMM shapes in one run on an H200 (torch._scaled_mm, "
+     "every other shape in the reverse order; block-wise 1.10x at 1e11-2e11 FLOPs to 1.16x at 4e12, row-wise "
+     "1.01-1.03x; both had run on the tensorwise curve, no faster): moe-zoo-mixtral-8x22b-fp8-forced -18.6% to "
+     "-12.7% (its FP8 speed-up over bf16 GEMMs 1.36x to 1.27x, the script's expected values 1.20x; an "
+     "expected-value row, in no mean), no other row moves: dense 41 predicted at 11.1% / 31.1%, long-context 20 at "
+     "14.2% / 31.1%, the FP8 rows 12 at 16.9% / 29.1%, the MoE group 18 at 18.5% / 45.2%"),
 )
 
 

@@ -13,9 +13,12 @@ and casts them again there. Each weight's FP8 copies (row-major for the forward,
 gradient: the layouts Hopper's FP8 tensor cores take, the operand pairs ``torch._scaled_mm`` accepts on CUDA)
 are cast once after the weight changes (an optimizer step, a ZeRO-3 gather) and kept: the two quantised
 copies the simulator counts in the model states (`memo_sim.cost.gemm_format.weight_cache_bytes`).
+``fp8-rowwise`` and ``fp8-blockwise`` (a scale per row or per block, E4M3 throughout) are `memo_exec.gemm_scaled`'s.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import torch
 
@@ -47,6 +50,11 @@ def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: 
 def weights_changed() -> None:
     """The weights were updated (an optimizer step): every FP8 weight copy is stale."""
     _EPOCH[0] += 1
+
+
+def weight_epoch() -> int:
+    """How many times the weights were updated (`weights_changed`): part of a cached FP8 weight copy's stamp."""
+    return _EPOCH[0]
 
 
 def quantize(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None = None) -> tuple[torch.Tensor,
@@ -101,6 +109,9 @@ class ModelDtypeGemm:
     or with the forward's scale in a recompute); here nothing."""
 
     name = "bf16"
+    words = "torch.mm in the model's dtype"
+    # a recompute's cast of rebuilt rows needs the forward's scale (one per tensor: the rows' own amax gives another)
+    recompute_needs_scales = False
 
     @staticmethod
     def cast_input(x: torch.Tensor, scale=None) -> None:
@@ -138,6 +149,9 @@ class Fp8TensorwiseGemm:
     separate linears have)."""
 
     name = "fp8-tensorwise"
+    words = ("torch._scaled_mm: E4M3 activations and weights, E5M2 output gradients, one scale per tensor; the weights' "
+             "FP8 copies kept between optimizer steps")
+    recompute_needs_scales = True
 
     def __init__(self) -> None:
         # (id of the parameter or the buffer it views, storage offset, shape) -> ((version, data pointer), (row-major
@@ -151,7 +165,7 @@ class Fp8TensorwiseGemm:
     def _weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         base = w._base if w._base is not None else w
         key = (id(base), w.storage_offset(), tuple(w.shape))
-        stamp = (w._version, w.data_ptr(), _EPOCH[0])  # a write through the tensor, a new buffer, an optimizer step
+        stamp = (w._version, w.data_ptr(), weight_epoch())  # a write through the tensor, a new buffer, an optimizer step
         hit = self._cache.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
@@ -205,6 +219,9 @@ class Fp8TensorwiseGemm:
 
 
 GEMMS = {ModelDtypeGemm.name: ModelDtypeGemm, Fp8TensorwiseGemm.name: Fp8TensorwiseGemm}
+# the row- and block-scaled FP8 formats: a module of their own, which registers them in GEMMS (it uses this module's
+# names above; imported as a module so that either module may be imported first)
+importlib.import_module("memo_exec.gemm_scaled")
 
 
 def layer_gemm(fmt: str):

@@ -445,8 +445,9 @@ class LayerCompute(HeadNorms):
         rows alone, whose own amax would give other values than the forward's; a full recompute gets the same)."""
         if self.gemm.name == "bf16":
             return None
-        cast = self.gemm.cast_input(x, S.fp8_scales.get(op) if phase == "recompute" else None)
-        if cast is not None and phase == "fwd":
+        keep = self.gemm.recompute_needs_scales  # per-tensor scales; a row's or a tile's own is the forward's
+        cast = self.gemm.cast_input(x, S.fp8_scales.get(op) if phase == "recompute" and keep else None)
+        if cast is not None and phase == "fwd" and keep:
             S.fp8_scales[op] = cast[1]
         return cast
 

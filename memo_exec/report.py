@@ -873,8 +873,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
     L.append(f"- device: {m['device']}, dtype {m['dtype']}, attention backend {m['attention_backend']} "
              f"(asked: {m['attention_backend_requested']})")
     if m.get("gemm_format", "bf16") != "bf16":  # the layer's linear GEMMs in another format (`memo_exec.gemm_formats`)
-        L.append(f"- layer GEMMs: {m['gemm_format']} (torch._scaled_mm: E4M3 activations and weights, E5M2 output "
-                 f"gradients, one scale per tensor; the weights' FP8 copies kept between optimizer steps)")
+        from memo_exec.gemm_formats import GEMMS  # noqa: PLC0415
+
+        L.append(f"- layer GEMMs: {m['gemm_format']} ({GEMMS[m['gemm_format']].words})")
     # where the run did otherwise than the plan priced (`plan_notes`): the attention kernel's first, as before
     from memo_exec.attention import priced_kernel_note  # noqa: PLC0415
 

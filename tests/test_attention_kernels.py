@@ -52,6 +52,10 @@ def test_hopper_curves_are_the_measured_kernels_and_cudnn_has_its_own(name):
     for field in ("attention_fwd", "attention_bwd", "attention_cudnn_fwd", "attention_cudnn_bwd"):
         assert same(getattr(eff, field), mod.profile_points(path, field, measured[field])[0]), field
     assert same(eff.gemm_curve("fp8-tensorwise"), mod.profile_points(path, "gemm_fp8", measured["gemm_fp8"])[0])
+    # row-wise and block-wise FP8: the tensor-wise curve over their same-run time ratios (2026-12-04)
+    scaled = mod.gemm_scaled(json.loads((REPO / mod.SCALED_DATA).read_text())["rows"], measured["gemm_fp8"])
+    for field, fmt in (("gemm_fp8_rowwise", "fp8-rowwise"), ("gemm_fp8_blockwise", "fp8-blockwise")):
+        assert same(eff.gemm_curve(fmt), mod.profile_points(path, field, scaled[field])[0]), field
     assert same(eff.gemm, mod.profile_points(path, "gemm", mod.profile_gemm(kind))[0])
     if mod.PROFILES[path][2] is not None:  # a part limited below 700 W: every curve below the 700 W part's
         full = load_profile("h100-sxm5-80gb").efficiency

@@ -142,6 +142,10 @@ KINDS = {
     "fp8-tensorwise": (1, ["--layers", "4", *MEMO, "--profile", "h100-sxm5-80gb", "--precision", "fp8-tensorwise"]),
     "fp8-two-gpus": (2, ["--layers", "4", "--dp", "2", "--policy", "store_all", "--profile", "h100-sxm5-80gb",
                          "--precision", "fp8-tensorwise"]),
+    # row- and block-scaled FP8 (`memo_exec.gemm_scaled`): block scaling's reductions whole 128-element tiles
+    "fp8-rowwise": (1, ["--layers", "4", *MEMO, "--profile", "h100-sxm5-80gb", "--precision", "fp8-rowwise"]),
+    "fp8-blockwise-tp2": (2, ["--hidden", "256", "--heads", "4", "--layers", "4", "--tp", "2", "--policy",
+                              "full_recompute", "--profile", "h100-sxm5-80gb", "--precision", "fp8-blockwise"]),
     # multi-token-prediction modules after the last layer (`memo_exec.mtp`): a MoE module, and two under TP with SP;
     # on a pipeline's last stage (`memo_exec.pipeline.schedules`), 1F1B and interleaved
     "moe-mtp": (1, ["--model", "MOE", "--policy", "store_all", "--mtp-layers", "1"]),
@@ -160,8 +164,8 @@ REFUSED = {
     "compiled": (1, ["--layers", "4", "--policy", "store_all", "--framework", "torchtitan@2024-12"],
                  "kernel_fusion compiled"),
     "op_sac": (1, ["--layers", "4", "--policy", "op_sac", "--framework", "torchtitan"], "policy 'op_sac'"),
-    "fp8-rowwise": (1, ["--layers", "4", "--policy", "store_all", "--profile", "h100-sxm5-80gb", "--precision",
-                        "fp8-rowwise"], "gemm_format fp8-rowwise"),
+    "fp8-blockwise-small": (1, ["--layers", "4", "--policy", "store_all", "--profile", "h100-sxm5-80gb", "--precision",
+                                "fp8-blockwise"], "hidden 64"),
     # multi-token-prediction modules: the executor builds them with Megatron TP only (SPPO with modules: the what-if
     # itself refuses to plan it)
     "mtp-metp_ffn": (2, ["--layers", "4", "--tp", "2", "--tp-mode", "metp_ffn", *MEMO, "--mtp-layers", "1"],

@@ -161,16 +161,19 @@ def test_cli_on_gpu_with_memory_plan(tmp_path):
     assert meta["steady_state"]["peak_allocated_bytes"] > 0
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-                    reason="FP8 GEMMs need an sm89+ GPU (Ada, Hopper, Blackwell)")
-def test_fp8_tensorwise_runs_on_cuda_and_every_policy_gives_store_alls_gradients():
+@pytest.mark.parametrize("fmt,capability", [("fp8-tensorwise", (8, 9)), ("fp8-rowwise", (9, 0)),
+                                            ("fp8-blockwise", (9, 0))])
+def test_fp8_runs_on_cuda_and_every_policy_gives_store_alls_gradients(fmt, capability):
     """`torch._scaled_mm` on CUDA takes a row-major first and a column-major second operand of dimensions divisible
     by 16 and no E5M2 x E5M2 pair: the executor's three GEMMs keep to that (`memo_exec.gemm_formats`), and MEMO's
-    recompute with the forward's scales gives store-all's gradients in bf16 too."""
+    recompute with the forward's scales gives store-all's gradients in bf16 too. The row- and block-scaled formats
+    (`memo_exec.gemm_scaled`, Hopper and newer) likewise, their rebuilt rows cast by their own scales."""
     import dataclasses
 
+    if torch.cuda.get_device_capability() < capability:
+        pytest.skip(f"{fmt} GEMMs need an sm{capability[0]}{capability[1]}+ GPU")
     m = ModelConfig("fp8-gpu", 4, 512, 8, 1024, vocab=1024, kv_heads=4, norm="rmsnorm", ffn_type="swiglu", bias="none",
-                    tied_embeddings=False, gemm_format="fp8-tensorwise")
+                    tied_embeddings=False, gemm_format=fmt)
     base = executor_grads(make_plan(m, 2048, get_policy("store_all")), device="cuda", dtype="bf16")
     plain = executor_grads(make_plan(dataclasses.replace(m, gemm_format="bf16"), 2048, get_policy("store_all")),
                            device="cuda", dtype="bf16")
@@ -179,4 +182,4 @@ def test_fp8_tensorwise_runs_on_cuda_and_every_policy_gives_store_alls_gradients
         loss, grads, _ = executor_grads(make_plan(m, 2048, pol), device="cuda", dtype="bf16")
         assert loss == base[0]
         err, worst = max_rel_error(grads, base[1])
-        assert err == 0.0, (pol.label(), worst, err)
+        assert err == 0.0, (fmt, pol.label(), worst, err)

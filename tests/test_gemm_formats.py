@@ -72,14 +72,11 @@ def test_fp8_gemm_runs_at_the_fp8_peak_plus_its_cast(name):
     assert f8.flops == bf.flops  # the model FLOPs are the same
     cast = memory_bound_op_time(m8.gemm.cast_bytes(seq * LLAMA.hidden, 2), H100)
     gemm8 = f8.seconds - cast
-    # the GEMM at twice the peak (H100: 1979 vs 989 TFLOP/s), on the format's own measured curve where
-    # the profile has one (fp8-tensorwise on the Hopper profiles), else on the bf16 curve, and blockwise's no
-    # faster than tensorwise's measured one (its MMAs and a scale per block: `GemmFormat.no_faster_than`)
+    # the GEMM at twice the peak (H100: 1979 vs 989 TFLOP/s), on the format's own measured curve (the Hopper
+    # profiles measure all three FP8 recipes since 2026-12-04)
     eff = H100.efficiency
     own = eff.gemm_curve(name)(bf.flops)
-    if name in ("fp8-blockwise", "fp8-rowwise"):  # neither measured: no faster than tensorwise's curve
-        assert eff.gemm_curve(name) is eff.gemm and m8.gemm.no_faster_than == "fp8-tensorwise"
-        own = min(own, eff.gemm_curve("fp8-tensorwise")(bf.flops))
+    assert eff.gemm_curve(name) is not eff.gemm
     ratio = 989 * eff.gemm(bf.flops) / (1979 * own)
     assert gemm8 == pytest.approx(bf.seconds * ratio, rel=1e-6)
     # backward: two kernels, and the output gradient's cast (m x n elements)
@@ -195,8 +192,11 @@ def test_fp8_plan_round_trip_export_and_executor_refusal(tmp_path):
     from memo_exec.runner import RunOptions, run_model
 
     assert run_model(plan, RunOptions(device="cpu")).gemm_format == "fp8-tensorwise"  # the executor runs it
-    with pytest.raises(ExecError, match="gemm_format fp8-blockwise: the executor runs bf16, fp8-tensorwise"):
-        run_model(dataclasses.replace(plan, model=dataclasses.replace(plan.model, gemm_format="fp8-blockwise")),
+    blockwise = dataclasses.replace(plan, model=dataclasses.replace(plan.model, gemm_format="fp8-blockwise"))
+    assert run_model(blockwise, RunOptions(device="cpu")).gemm_format == "fp8-blockwise"  # since 2026-12-04
+    with pytest.raises(ExecError, match="gemm_format mxfp8: the executor runs bf16, fp8-tensorwise, fp8-rowwise, "
+                                        "fp8-blockwise GEMMs only"):
+        run_model(dataclasses.replace(plan, model=dataclasses.replace(plan.model, gemm_format="mxfp8")),
                   RunOptions(device="cpu"))
 
 
@@ -324,12 +324,21 @@ def test_a_profile_naming_no_gemm_format_is_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["fp8-blockwise", "fp8-rowwise"])
-@pytest.mark.parametrize("profile", ["h100-sxm5-80gb", "h200-141gb"])
+@pytest.mark.parametrize("profile", ["h100-sxm5-80gb", "h200-141gb", "h100-sxm5-96gb-500w", "no-curve"])
 def test_blockwise_gemms_are_no_faster_than_tensorwise_on_hopper(profile, name):
     """A user's review (2026-11-27): blockwise FP8 priced on the bf16 curve's fractions of the FP8 peak ran its
     GEMMs faster than the measured tensorwise curve on every Hopper profile; its kernels do tensorwise's MMAs
-    and more, so they run no faster (the casts differ: blockwise's scales need no amax pass)."""
-    prof = load_profile(profile)
+    and more, so they run no faster (the casts differ: blockwise's scales need no amax pass). Since 2026-12-04
+    the Hopper profiles carry their own curves (measured against tensorwise in one run); a profile without them
+    (``no-curve``: the H100's with the two curves dropped) still runs them no faster."""
+    if profile == "no-curve":
+        prof = load_profile("h100-sxm5-80gb")
+        kept = tuple((n, c) for n, c in prof.efficiency.gemm_formats if n == "fp8-tensorwise")
+        prof = dataclasses.replace(prof, efficiency=dataclasses.replace(prof.efficiency, gemm_formats=kept))
+        assert prof.efficiency.gemm_curve(name) is prof.efficiency.gemm
+    else:
+        prof = load_profile(profile)
+        assert prof.efficiency.gemm_curve(name) is not prof.efficiency.gemm
     for seq in (2048, 8192, 32768):
         tw = _op(forward_costs(fmt(LLAMA, "fp8-tensorwise"), Layout(tp=1), 1, seq, prof), "fc1")
         bw = _op(forward_costs(fmt(LLAMA, name), Layout(tp=1), 1, seq, prof), "fc1")
@@ -347,9 +356,12 @@ def test_the_executors_fp8_refusals_name_a_plan_it_runs():
     from memo_sim.search.frameworks import get_framework
 
     lay = Layout(tp=1)
-    for fw, f in (("megatron", "fp8-tensorwise"), ("torchtitan", "fp8-rowwise"), ("megatron", "mxfp8")):
+    for fw, f, ok in (("megatron", "fp8-tensorwise", "fp8-tensorwise"), ("torchtitan", "fp8-rowwise", "fp8-rowwise"),
+                      ("megatron", "fp8-blockwise", "fp8-blockwise"), ("megatron", "mxfp8", "fp8-tensorwise")):
         why = gemm_why_not(get_framework(fw).for_model(fmt(LLAMA, f)), lay, "single_stage")
-        assert why and why.endswith("plan with --precision bf16, or fp8-tensorwise under --framework any, to run it"), why
+        assert why and why.endswith(f"plan with --precision bf16, or {ok} under --framework any, to run it"), why
+        # and that plan runs
+        assert gemm_why_not(get_framework("any").for_model(fmt(LLAMA, ok)), lay, "single_stage") is None
     per_use = dataclasses.replace(fmt(LLAMA, "fp8-tensorwise"), fp8_weights_per_use=True)
     assert "fp8_weights_per_use" in gemm_why_not(per_use, lay, "single_stage")
     assert gemm_why_not(get_framework("any").for_model(fmt(LLAMA, "fp8-tensorwise")), lay, "single_stage") is None

@@ -21,6 +21,11 @@ case printed as one JSON line (and all of them written to ``--out``/kernels.json
 - grouped_sweep: 8 local experts' GEMMs at 64..4096 tokens per expert, a torch.mm loop and torch._grouped_mm.
 - attention_long: causal flash attention at 128K-1M tokens over the 32-1 heads a Ulysses rank keeps (not in the
   default run: ``--only attention_long``).
+- gemm_scaled: FP8 e4m3 GEMMs over the ``gemm_shapes`` sweep with tensor-wise, row-wise (torchao's rowwise recipe)
+  and block-wise scales (1 x 128 activation tiles, 128 x 128 weight blocks: DeepSeek-V3's recipe, TransformerEngine's
+  Float8BlockScaling), `torch._scaled_mm`, bf16 beside them; each recipe's output checked against the dequantised
+  product first, the recipes timed in turn on each shape, every other shape in the reverse order (not in the default
+  run: ``--only gemm_scaled``; GPU only).
 - grouped: routed-expert GEMMs (FC1 to 2f for SwiGLU, FC2 back to h) of Mixtral-8x7B,
   Qwen3-30B-A3B, DeepSeek-V3 (8 local experts of 256 at EP 32), GPT-OSS-120B; one loop of
   `torch.mm` per expert and `torch._grouped_mm` where torch has it.
@@ -287,32 +292,136 @@ def attention_long(a, dev, dt, timer):
                 torch.cuda.empty_cache()
 
 
-def gemm_shapes(a, dev, dt, timer):
-    """A sweep of layer-GEMM shapes (tokens x in -> out), bf16 and FP8 tensor-wise, as nn.Linear's forward
-    (x @ w.t()): data for a shape-aware GEMM model (tile and wave quantization), not used by one yet."""
-    shrink = 64 if a.dry_run else 1
+def layer_gemm_shapes(shrink: int = 1):
+    """The swept layer-GEMM shapes (tokens, in, out): tokens in {2K, 8K, 32K} x the in and out widths of the Llama
+    and GPT layers memo prices, up to 8K x 8K x 28K's FLOPs; each divided by ``shrink`` (a dry run), 16 at least."""
     ks = (1024, 2048, 3584, 4096, 7168, 8192, 14336)
     ns = (1024, 1280, 1536, 2048, 3072, 4096, 6144, 7168, 8192, 14336, 28672)
     for m in (2048, 8192, 32768):
         for k in ks:
             for n in ns:
-                if m * k * n > 8192 * 8192 * 28672:
+                if m * k * n <= 8192 * 8192 * 28672:
+                    yield max(16, m // shrink), max(16, k // shrink), max(16, n // shrink)
+
+
+def _bf16_case(section: str, m: int, k: int, n: int, dev, dt, timer):
+    """One swept shape's operands (x [m, k], w [n, k]), its FLOPs and its record with bf16 ``x @ w.t()`` timed."""
+    x = torch.randn(m, k, device=dev, dtype=dt)
+    w = torch.randn(n, k, device=dev, dtype=dt)
+    fl = 2.0 * m * k * n
+    t = timer(lambda: torch.mm(x, w.t()))
+    return x, w, fl, dict(section=section, m=m, k=k, n=n, flops=fl, bf16_s=t, bf16_eff=fl / t / PEAK_BF16)
+
+
+def gemm_shapes(a, dev, dt, timer):
+    """A sweep of layer-GEMM shapes (tokens x in -> out), bf16 and FP8 tensor-wise, as nn.Linear's forward
+    (x @ w.t()): data for a shape-aware GEMM model (tile and wave quantization), not used by one yet."""
+    for mm, kk, nn_ in layer_gemm_shapes(64 if a.dry_run else 1):
+        try:
+            x, w, fl, rec = _bf16_case("gemm_shapes", mm, kk, nn_, dev, dt, timer)
+            if dev == "cuda":
+                xf, wf = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
+                one = torch.ones((), device=dev, dtype=torch.float32)
+                t8 = timer(lambda: torch._scaled_mm(xf, wf.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+                rec.update(fp8_s=t8, fp8_eff=fl / t8 / PEAK_FP8)
+            emit(**rec)
+        except Exception as e:  # noqa: BLE001
+            emit(section="gemm_shapes", m=mm, k=kk, n=nn_, error=f"{type(e).__name__}: {e}"[:300])
+
+
+def _quantise(t, rows: int, cols: int):
+    """``t`` (2-D, high precision) cast to FP8 e4m3 with one fp32 scale per ``rows`` x ``cols`` block (the amax of
+    the block over 448, e4m3's largest normal): (fp8 tensor, scales of shape [ceil(m/rows), ceil(k/cols)])."""
+    m, k = t.shape
+    pad_m, pad_k = -m % rows, -k % cols
+    tp = F.pad(t.float(), (0, pad_k, 0, pad_m))
+    blocks = tp.view(tp.shape[0] // rows, rows, tp.shape[1] // cols, cols)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+    q = (blocks / scale[:, None, :, None]).view_as(tp)[:m, :k].to(torch.float8_e4m3fn)
+    return q, scale
+
+
+SCALED_LAYOUTS = {  # how a scale tensor is laid out in memory: as built (row-major) or outer-dim-major
+    "contiguous": lambda s: s.contiguous(), "outer_major": lambda s: s.t().contiguous().t()}
+
+
+SCALE_BLOCKS = {  # recipe -> ((rows, cols) of x's blocks, (rows, cols) of w's), for shapes x [m, k], w [n, k]
+    "tensorwise": lambda xs, ws: (xs, ws), "rowwise": lambda xs, ws: ((1, xs[1]), (1, ws[1])),
+    "blockwise": lambda xs, ws: ((1, 128), (128, 128))}
+
+
+def _scaled_recipes(x, w):
+    """The FP8 recipes of one GEMM x @ w.t() ([m, k] x [n, k]): name -> (xq, wq, scale_a, scale_b), the scales in
+    the shapes torch._scaled_mm takes them: tensor-wise (scalars), row-wise (x per row [m, 1], w per output column
+    [1, n]; torchao's float8 rowwise recipe) and block-wise (x per 1 x 128 tile [m, k/128], w per 128 x 128 block
+    [k/128, n/128]; DeepSeek-V3's recipe, TransformerEngine's Float8BlockScaling)."""
+    q = {name: (_quantise(x, *bx), _quantise(w, *bw)) for name, blocks in SCALE_BLOCKS.items()
+         for bx, bw in [blocks(tuple(x.shape), tuple(w.shape))]}
+    (xt, st_x), (wt, st_w) = q["tensorwise"]
+    (xr, sr_x), (wr, sr_w) = q["rowwise"]
+    (xb, sb_x), (wb, sb_w) = q["blockwise"]
+    return {"tensorwise": (xt, wt, st_x.reshape(()), st_w.reshape(())),
+            "rowwise": (xr, wr, sr_x.reshape(-1, 1), sr_w.reshape(1, -1)),
+            "blockwise": (xb, wb, sb_x, sb_w.t())}
+
+
+def gemm_scaled(a, dev, dt, timer):
+    """FP8 e4m3 GEMMs with tensor-wise, row-wise and block-wise (1x128 x 128x128) scales, torch._scaled_mm with bf16
+    output, over the layer-GEMM shapes of ``gemm_shapes`` (bf16 beside them, the same run): each recipe's time and
+    efficiency against the FP8 peak, and its output's relative error against the fp32 product of the dequantised
+    operands (a recipe whose scales the kernel ignored would show it). The scales' memory layout the kernel takes
+    (as built or outer-dim-major) is found on the first shape and recorded."""
+    if dev != "cuda":
+        emit(section="gemm_scaled", error="skipped: FP8 GEMMs need a CUDA GPU")
+        return
+    layouts: dict[str, tuple[str, str]] = {}
+    probe = torch.randn(256, 512, device=dev, dtype=dt), torch.randn(384, 512, device=dev, dtype=dt)
+    for name, (xq, wq, sa, sb) in _scaled_recipes(*probe).items():
+        ref = None
+        for la, lb in ((x, y) for x in SCALED_LAYOUTS for y in SCALED_LAYOUTS):
+            try:
+                out = torch._scaled_mm(xq, wq.t(), scale_a=SCALED_LAYOUTS[la](sa), scale_b=SCALED_LAYOUTS[lb](sb),
+                                       out_dtype=torch.bfloat16).float()
+            except Exception as e:  # noqa: BLE001
+                emit(section="gemm_scaled", recipe=name, layout_a=la, layout_b=lb, error=f"{type(e).__name__}: {e}"[:300])
+                continue
+            if ref is None:
+                (ra, ca), (rb, cb) = SCALE_BLOCKS[name](xq.shape, wq.shape)
+                xd = _dequantise(xq, sa.reshape(-(-xq.shape[0] // ra), -1), ra, ca)
+                wd = _dequantise(wq, sb.t().reshape(-(-wq.shape[0] // rb), -1), rb, cb)
+                ref = xd @ wd.t()
+            rel = float((out - ref).norm() / ref.norm())
+            emit(section="gemm_scaled", recipe=name, layout_a=la, layout_b=lb, check="numerics", rel_error=rel)
+            if rel < 2e-2:
+                layouts[name] = (la, lb)
+                break
+    order = []
+    for mm, kk, nn_ in layer_gemm_shapes():
+        try:
+            x, w, fl, rec = _bf16_case("gemm_scaled", mm, kk, nn_, dev, dt, timer)
+            recipes = list(_scaled_recipes(x, w).items())
+            if len(order) % 2:  # every other shape in the reverse order: no recipe always runs first
+                recipes.reverse()
+            order.append(1)
+            rec["order"] = ",".join(n for n, _ in recipes)
+            for name, (xq, wq, sa, sb) in recipes:
+                if name not in layouts:
                     continue
-                mm, kk, nn_ = max(16, m // shrink), max(16, k // shrink), max(16, n // shrink)
-                try:
-                    x = torch.randn(mm, kk, device=dev, dtype=dt)
-                    w = torch.randn(nn_, kk, device=dev, dtype=dt)
-                    fl = 2.0 * mm * kk * nn_
-                    t = timer(lambda: torch.mm(x, w.t()))
-                    rec = dict(section="gemm_shapes", m=mm, k=kk, n=nn_, flops=fl, bf16_s=t, bf16_eff=fl / t / PEAK_BF16)
-                    if dev == "cuda":
-                        xf, wf = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-                        one = torch.ones((), device=dev, dtype=torch.float32)
-                        t8 = timer(lambda: torch._scaled_mm(xf, wf.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
-                        rec.update(fp8_s=t8, fp8_eff=fl / t8 / PEAK_FP8)
-                    emit(**rec)
-                except Exception as e:  # noqa: BLE001
-                    emit(section="gemm_shapes", m=mm, k=kk, n=nn_, error=f"{type(e).__name__}: {e}"[:300])
+                la, lb = layouts[name]
+                sa_, sb_ = SCALED_LAYOUTS[la](sa), SCALED_LAYOUTS[lb](sb)
+                t8 = timer(lambda: torch._scaled_mm(xq, wq.t(), scale_a=sa_, scale_b=sb_, out_dtype=torch.bfloat16))
+                rec.update({f"{name}_s": t8, f"{name}_eff": fl / t8 / PEAK_FP8})
+            emit(**rec)
+        except Exception as e:  # noqa: BLE001
+            emit(section="gemm_scaled", m=mm, k=kk, n=nn_, error=f"{type(e).__name__}: {e}"[:300])
+
+
+def _dequantise(q, scale, rows: int, cols: int):
+    """The fp32 values of an FP8 tensor with one scale per ``rows`` x ``cols`` block (scales as `_quantise` builds
+    them)."""
+    m, k = q.shape
+    full = scale.repeat_interleave(rows, 0)[:m].repeat_interleave(cols, 1)[:, :k]
+    return q.float() * full
 
 
 MOE_SWEEP = {"qwen3_30b_a3b": (2048, 768), "qwen3_235b_a22b": (4096, 1536), "deepseek_v3": (7168, 2048),
@@ -340,13 +449,14 @@ def grouped_sweep(a, dev, dt, timer):
 
 
 SECTIONS = {"attention": attention, "ring": ring, "gemm": gemm, "grouped": grouped, "attention_short": attention_short,
-            "gemm_shapes": gemm_shapes, "grouped_sweep": grouped_sweep, "attention_long": attention_long}
+            "gemm_shapes": gemm_shapes, "grouped_sweep": grouped_sweep, "attention_long": attention_long,
+            "gemm_scaled": gemm_scaled}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT"))
-    ap.add_argument("--only", default=",".join(k for k in SECTIONS if k != "attention_long"),
+    ap.add_argument("--only", default=",".join(k for k in SECTIONS if k not in ("attention_long", "gemm_scaled")),
                     help=f"sections, of {', '.join(SECTIONS)}")
     ap.add_argument("--name", default="kernels.json", help="file name under --out")
     ap.add_argument("--reps", type=int, default=3)

@@ -9,8 +9,9 @@ that does not run here, full METP's architecture check, the static memory plan's
 The executor builds:
 
 - the model in bf16 or fp32 (fp64 on a CPU), never fp16 (`dtype_why_not`);
-- the layer's linear GEMMs in the model's dtype or ``fp8-tensorwise`` (`EXEC_GEMM_FORMATS`,
-  `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's 16-multiple shapes;
+- the layer's linear GEMMs in the model's dtype, ``fp8-tensorwise``, ``fp8-rowwise`` or ``fp8-blockwise``
+  (`EXEC_GEMM_FORMATS`, `memo_exec.gemm_formats.GEMMS`), FP8 in the dense layer only, below ZeRO 3, at CUDA's
+  16-multiple shapes (128-multiples for the block-scaled format);
 - routed experts with expert parallelism ``ep`` over the ``alltoall``, ``allgather`` or ``deepep`` dispatcher
   (DeepEP's deduplicated sends, over torch's all-to-all) and expert tensor parallelism ``etp`` (each expert's FFN
   sliced over the ETP group, its copies all-gathered there), dropless routing (softmax or
@@ -43,8 +44,12 @@ from __future__ import annotations
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 
-EXEC_GEMM_FORMATS = ("bf16", "fp8-tensorwise")  # `memo_exec.gemm_formats.GEMMS` (a test holds them equal)
+# `memo_exec.gemm_formats.GEMMS` (a test holds them equal)
+EXEC_GEMM_FORMATS = ("bf16", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise")
 CUDA_MULTIPLE = 16  # torch._scaled_mm on CUDA: the reduction dimension and the second operand's a multiple of this
+# a block-scaled format's dimensions: whole 128-element tiles along every reduction (memo-exec's casts and the
+# cuBLASLt block-scale modes torch calls; TransformerEngine's block scaling pads what it must, memo-exec does not)
+FORMAT_MULTIPLE = {"fp8-blockwise": 128}
 EXEC_DISPATCHERS = ("alltoall", "allgather", "deepep")  # `memo_exec.moe.dispatchers` (a test holds them equal)
 EXEC_ROUTERS = ("softmax", "sigmoid", "sigmoid_topk")  # `memo_exec.moe.routers` (a test holds them equal)
 # the expert loads it routes (`memo_exec.moe.balance`: the router's own, equal counts round-robin, a uniform draw;
@@ -88,8 +93,10 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
             else "SPPO's pieces" if schedule == "sppo" else None)
     # where the parts run no FP8 GEMM in the executor at all, bf16 is the one fix (a review: a MoE model was sent to
     # fp8-tensorwise under any, which the next line refuses for its experts)
+    # under --framework any the executor runs its own formats as memo prices them: the plan's, else tensorwise's
+    ok = fmt if fmt in EXEC_GEMM_FORMATS else EXEC_GEMM_FORMATS[1]
     fix = ("plan with --precision bf16 to run it" if part else
-           f"plan with --precision bf16, or {EXEC_GEMM_FORMATS[1]} under --framework any, to run it")
+           f"plan with --precision bf16, or {ok} under --framework any, to run it")
     if fmt not in EXEC_GEMM_FORMATS:
         return f"{what}: the executor runs {', '.join(EXEC_GEMM_FORMATS)} GEMMs only; {fix}"
     if model.fp8_saved_inputs:
@@ -109,10 +116,12 @@ def gemm_why_not(model: ModelConfig, layout: Layout, schedule: str, tokens: int 
     p = layout.tp
     sizes = {"hidden": model.hidden, "the queries' width / tp": model.q_dim // p,
              "the K/V width / tp": model.kv_dim // p, "ffn / tp": model.ffn // p, "a rank's token rows": tokens}
-    odd = [f"{k} {v}" for k, v in sizes.items() if v is not None and v % CUDA_MULTIPLE]
+    multiple = FORMAT_MULTIPLE.get(fmt, CUDA_MULTIPLE)
+    odd = [f"{k} {v}" for k, v in sizes.items() if v is not None and v % multiple]
     if odd:
-        return (f"{what}: {', '.join(odd)} not a multiple of {CUDA_MULTIPLE}, which CUDA's FP8 GEMMs "
-                f"(torch._scaled_mm) need; change the shape or the sequence")
+        need = (": memo-exec casts whole 128-element scale tiles along every reduction" if multiple != CUDA_MULTIPLE
+                else ", which CUDA's FP8 GEMMs (torch._scaled_mm) need")
+        return f"{what}: {', '.join(odd)} not a multiple of {multiple}{need}; change the shape or the sequence"
     return None
 
 

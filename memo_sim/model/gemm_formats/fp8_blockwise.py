@@ -2,9 +2,11 @@
 1 x 128 tile of activations and gradients and per 128 x 128 block of weights, computed inside
 the cast kernel (no separate amax pass); two quantised copies (row-wise and transposed). Its GEMMs run
 tensorwise FP8's MMAs and apply a scale per 128-element block of the reduction (in the main loop on
-Hopper): on a profile with no blockwise curve of its own they run no faster than the measured
-tensorwise one (`GemmFormat.no_faster_than`; a user's review, 2026-11-27: priced on the bf16 curve's
-fractions they came out faster than tensorwise on every Hopper profile)."""
+Hopper): the Hopper profiles' ``fp8-blockwise`` curve is their tensorwise one over the block-wise kernel's time per
+tensorwise time on the same shapes in one run on an H200 (torch._scaled_mm on cuBLASLt's 1x128 / 128x128 scale modes:
+1.10x at 1e11-2e11 FLOPs to 1.16x at 4e12, 2026-12-04: benchmarks/gpu/hopper_curves.py); on a profile with no blockwise
+curve of its own they run no faster than its tensorwise one (`GemmFormat.no_faster_than`; a user's review,
+2026-11-27: priced on the bf16 curve's fractions they came out faster than tensorwise on every Hopper profile)."""
 
 from memo_sim.model.gemm_formats.base import GemmFormat
 from memo_sim.model.gemm_formats.registry import FORMATS

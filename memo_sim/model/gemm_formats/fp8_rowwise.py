@@ -7,8 +7,10 @@ once with the amax fused into it; the weight-gradient GEMM needs the input and t
 other axis, a second cast of each from its own read: two reads and two copies per tensor, the bytes of
 tensorwise's amax read, cast and two copies (``amax_pass`` and ``copies`` 2 here). The scales (4 bytes per row of K,
 K >= 1,024 elements in the layers memo prices: under 0.4% of a copy) are priced as one per tensor. Its GEMMs run
-tensorwise FP8's MMAs with a scale vector applied in the epilogue: on a profile with no rowwise curve of its own they
-run no faster than the measured tensorwise one (`GemmFormat.no_faster_than`; none is measured)."""
+tensorwise FP8's MMAs with a scale vector applied in the epilogue: the Hopper profiles' ``fp8-rowwise`` curve is their
+tensorwise one over the row-wise kernel's time per tensorwise time on the same shapes in one run on an H200 (1.01-1.03x,
+2026-12-04: benchmarks/gpu/hopper_curves.py); on a profile with no rowwise curve of its own they run no faster than its
+tensorwise one (`GemmFormat.no_faster_than`)."""
 
 from memo_sim.model.gemm_formats.base import GemmFormat
 from memo_sim.model.gemm_formats.registry import FORMATS
