@@ -162,17 +162,24 @@ class Fp8TensorwiseGemm:
         """Drop every weight's FP8 copies (the layer compute's end)."""
         self._cache.clear()
 
-    def _weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _cached(self, w: torch.Tensor, cast) -> tuple:
+        """``w``'s FP8 copies: ``cast(w)``'s, made at the first use after the weight changed and kept until then."""
         base = w._base if w._base is not None else w
         key = (id(base), w.storage_offset(), tuple(w.shape))
         stamp = (w._version, w.data_ptr(), weight_epoch())  # a write through the tensor, a new buffer, an optimizer step
         hit = self._cache.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        q, s = quantize(w, E4M3)
-        copies = (q, q.t().contiguous(), s)
+        copies = cast(w)
         self._cache[key] = (stamp, copies)
         return copies
+
+    def _weight(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(row-major E4M3, its transpose, the scale back), one scale for the tensor."""
+        def cast(w):
+            q, s = quantize(w, E4M3)
+            return q, q.t().contiguous(), s
+        return self._cached(w, cast)
 
     @staticmethod
     def cast_input(x: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:

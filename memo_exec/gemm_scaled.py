@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from memo_exec.gemm_formats import AMAX_FLOOR, E4M3, GEMMS, Fp8TensorwiseGemm, weight_epoch
+from memo_exec.gemm_formats import AMAX_FLOOR, E4M3, GEMMS, Fp8TensorwiseGemm
 
 BLOCK = 128  # TransformerEngine's block-scaling tile: 1 x 128 for activations and gradients, 128 x 128 for weights
 
@@ -154,21 +154,17 @@ class Fp8ScaledGemm(Fp8TensorwiseGemm):
         return quantize_blocks(t, 1, self._tile(t.shape[1]))
 
     def _weight(self, w: torch.Tensor):
-        base = w._base if w._base is not None else w
-        key = (id(base), w.storage_offset(), tuple(w.shape))
-        stamp = (w._version, w.data_ptr(), weight_epoch())
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
+        """(row-major E4M3, its scales, the transposed copy, its scales), cached as `Fp8TensorwiseGemm._cached`."""
+        return self._cached(w, self._cast_weight)
+
+    def _cast_weight(self, w: torch.Tensor) -> tuple:
         if self.weight_block is None:  # each copy scaled along its own rows: the two reductions differ
             wq, ws = quantize_blocks(w, 1, w.shape[1])
             wt, wts = quantize_blocks(w.t(), 1, w.shape[0])
         else:  # a 128 x 128 block is one block either way round
             wq, ws = quantize_blocks(w, self.weight_block, self.weight_block)
             wt, wts = wq.t().contiguous(), ws.t().contiguous()
-        copies = (wq, ws, wt, wts)
-        self._cache[key] = (stamp, copies)
-        return copies
+        return wq, ws, wt, wts
 
     def cast_input(self, x: torch.Tensor, scale: torch.Tensor | None = None):
         """A forward input cast once, by rows (``scale`` not needed: a rebuilt row casts as the forward cast it)."""
