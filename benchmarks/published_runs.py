@@ -202,13 +202,18 @@ def _megatron2024(size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops):
     pub = megatron2024_flops(batch, layers, hidden) / (tflops * 1e12 * gpus)
     why = (f"PP = {pp}: the README states neither the micro-batch size nor the pipeline schedule (interleaved "
            "or not), and memo does not guess them") if pp > 1 else None
+    # the table's sizes count the embedding and the output layer apart (--untie-embeddings-and-output-weights):
+    # 1.7B is 1.745B so, 1.476B tied; 7.1B 7.115B (6.58B tied); 16B 16.11B; 32B 31.48B; 70B 69.8B
+    arch = ModelConfig(f"megatron2024-{size}", layers, hidden, heads, 4 * hidden, vocab=131072, dtype="bf16",
+                       positions="learned", tied_embeddings=False)
     return Run(f"megatron2024-{size}", MEGATRON_2024,
                f"GPT {size}: h={hidden}, {layers} layers, {heads} heads, TP {tp} x PP {pp} x DP {dp} = {gpus} H100s, "
-               f"batch {batch}, s=4096, V=131072 (untied in Megatron; memo ties the embedding), no recompute stated",
+               f"batch {batch}, s=4096, V=131072, embedding and output layer untied (the table's sizes count both: "
+               f"{arch.params() / 1e9:.3g}B), no recompute stated",
                pub, f"{tflops} TFLOP/s per GPU (the table) x {gpus} GPUs over training.py's FLOPs",
                framework="megatron", profile="h100-sxm5-80gb", layers=layers, hidden=hidden, heads=heads,
                vocab=131072, seq=4096, tp=tp, pp=pp, dp=dp, sp=True, global_batch=batch, policy="store_all",
-               dtype="bf16", zero=1, why_not=why)
+               dtype="bf16", zero=1, why_not=why, arch=arch)
 
 
 def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b", cp=1, tp=1, pp=1,
@@ -253,8 +258,6 @@ def _titan(config, tps, why=None, gpus=8, seq=8192, batch=2, model="llama-3.1-8b
 SYNC_TP = "TP collectives on the critical path (tp_mode megatron)"
 
 
-_SAC_FP8 = ("per-op selective checkpointing under Float8 is not priced: Float8Linear calls _scaled_mm, not aten.mm, "
-            "so the save list keeps no linear output but its abs passes' outputs")
 RUNS: tuple[Run, ...] = (
     _narayanan("1.7B", 2304, 24, 24, 1, 32, 512, 137),
     _narayanan("3.6B", 3072, 30, 32, 2, 64, 512, 138),
@@ -286,11 +289,11 @@ RUNS: tuple[Run, ...] = (
     _titan("t1-fsdp: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2 x 8192, selective AC (Table 1)", 5762,
            policy="op_sac", kernel_fusion="eager"),
     _titan("t1-fsdp-compile: the same with torch.compile (Table 1)", 6667, policy="op_sac"),
-    _titan("t1-fsdp-compile-float8: the same with torch.compile + Float8 (Table 1)", 8532, _SAC_FP8, policy="op_sac"),
+    _titan("t1-fsdp-compile-float8: the same with torch.compile + Float8 (Table 1)", 8532, policy="op_sac"),
     _titan("t3-fsdp128: Llama 3.1 8B, FSDP over 128 GPUs, local batch 2 x 8192, selective AC (Table 3)", 5605,
            gpus=128, policy="op_sac", kernel_fusion="eager"),
     _titan("t3-fsdp128-compile: the same with torch.compile (Table 3)", 6514, gpus=128, policy="op_sac"),
-    _titan("t3-fsdp128-compile-float8: the same with torch.compile + Float8 (Table 3)", 8380, _SAC_FP8, gpus=128,
+    _titan("t3-fsdp128-compile-float8: the same with torch.compile + Float8 (Table 3)", 8380, gpus=128,
            policy="op_sac"),
     _titan("t2-cp1: Llama 3.1 8B, FSDP 8, CP 1, 32K, full AC, compile + Float8 (Table 2)", 3890, seq=32768, batch=1),
     _titan("t2-cp2: Llama 3.1 8B, FSDP 4, CP 2, 64K, full AC, compile + Float8 (Table 2)", 2540, seq=65536, batch=1,
@@ -1659,6 +1662,10 @@ HISTORY = (
     ("7f9bbac", "2026-12-04", "before the Hopper profiles measured row-wise and block-wise FP8 GEMMs (both ran on "
      "the tensorwise curve, no faster: `GemmFormat.no_faster_than`)",
      {"moe-zoo-mixtral-8x22b-fp8-forced": -0.186}),
+    ("672822e", "2026-12-04", "before the Megatron-LM 2024 rows untied their embedding and output layer (memo tied "
+     "them; the table's sizes count both)",
+     {"megatron2024-1.7B": -0.207, "megatron2024-7.1B": -0.156, "megatron2024-16B": -0.043,
+      "megatron2024-32B": 0.083}),
 )
 
 
@@ -1969,6 +1976,15 @@ STEPS = (
      "-12.7% (its FP8 speed-up over bf16 GEMMs 1.36x to 1.27x, the script's expected values 1.20x; an "
      "expected-value row, in no mean), no other row moves: dense 41 predicted at 11.1% / 31.1%, long-context 20 at "
      "14.2% / 31.1%, the FP8 rows 12 at 16.9% / 29.1%, the MoE group 18 at 18.5% / 45.2%"),
+    ("per-op checkpointing under Float8; the Megatron-LM 2024 rows untied", "torchtitan's per-op selective "
+     "checkpointing priced under torchao's FP8 and MXFP8 linears, whose GEMM reaches the checkpoint as aten.mm on "
+     "tensor subclasses and is kept or re-run as a bf16 one (torchao eab345c's saved casts made again in the "
+     "recompute for the kept GEMMs; 9dec370's aten.abs on the save list kept by eager PyTorch, not by a compiled "
+     "block's partitioner, which keeps neither it nor w2's output): torchtitan-t1-fsdp-compile-float8 and "
+     "t3-fsdp128-compile-float8 predicted (-5.9%, -6.7%); the Megatron-LM 2024 rows' embedding and output layer "
+     "untied (the table's sizes count both): 1.7B -20.7% to -20.4%, 7.1B -15.6% to -15.4%, 16B -4.3% to -4.0%, 32B "
+     "+8.3% to +8.5%: dense 43 predicted at 10.8% / 31.1%, long-context 20 at 14.2% / 31.1%, the FP8 rows 14 at "
+     "15.4% / 29.1%, the MoE group 18 at 18.5% / 45.2%"),
 )
 
 

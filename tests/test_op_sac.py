@@ -57,13 +57,63 @@ def test_it_sits_between_store_all_and_full_recompute():
 
 def test_refused_where_it_is_not_priced():
     for model, words in ((PRESETS["mixtral-8x7b"], "dense blocks"),
-                         (replace(LLAMA, gemm_format="fp8-tensorwise"), "_scaled_mm")):
+                         (replace(LLAMA, gemm_format="nvfp4"), "NVFP4Linear runs Triton kernels")):
         assert words in get_policy("op_sac").model_why_not(model)
         with pytest.raises(MemoError, match=words):
-            simulate(model, Layout(tp=8, sp=True), 1, 4096, get_policy("op_sac"), PROF, keep_timeline=False)
+            simulate(model, Layout(tp=8, sp=True), 1, 4096, get_policy("op_sac"), load_profile("b200-180gb"),
+                     keep_timeline=False)
+    for fmt in ("fp8-tensorwise", "fp8-rowwise", "mxfp8"):  # torchao's tensor-subclass linears: seen as aten.mm
+        assert get_policy("op_sac").model_why_not(replace(LLAMA, gemm_format=fmt)) is None
 
 
-def test_torchtitan_searches_it_and_leaves_it_out_under_fp8():
+def _titan_fp8(framework: str, fmt: str):
+    from memo_sim.search.frameworks import get_framework
+
+    return get_framework(framework).for_model(replace(LLAMA, gemm_format=fmt))
+
+
+def test_under_torchtitan_2024_12_float8_eager_keeps_the_abs_outputs_and_a_compiled_block_does_not():
+    """torchtitan 9dec370's save list names aten.abs: in eager PyTorch every linear's input (once per linear) and
+    weight leave their absolute values saved; in a compiled block the partitioner saves what the backward reads,
+    neither those nor w2's output."""
+    m = _titan_fp8("torchtitan@2024-12", "fp8-tensorwise")
+    assert m.fp8_abs_saved and m.fp8_saved_inputs and m.fp8_weights_saved
+    lay = Layout(dp=8, zero=3, dp_mode="fsdp", kernel_fusion="eager")
+    sk = skeletal_bytes(m, lay, 2, 8192)
+    tb = layer_tensor_bytes(replace(m, gemm_format="bf16"), lay, 2, 8192)  # the tensors in the model dtype (bf16)
+    inputs = 3 * tb["ln1"] + tb["attn"] + 2 * tb["ln2"] + tb["act"]
+    weights = (m.linear_params() - m.expert_linear_params()) * 2  # bf16 absolute values of the unsharded weights
+    assert sk["op_sac_extra"] == pytest.approx(tb["fc2"] + inputs + weights)
+    bf16 = skeletal_bytes(replace(m, gemm_format="bf16"), lay, 2, 8192)
+    assert bf16["op_sac_extra"] == pytest.approx(tb["fc2"])  # no cast, nothing of it kept
+    compiled = skeletal_bytes(m, replace(lay, kernel_fusion="compiled"), 2, 8192)
+    assert compiled["op_sac_extra"] == 0 and compiled["op_sac_dropped"] == pytest.approx(sk["op_sac_dropped"])
+    # the current torchtitan's list has no aten.abs
+    assert not _titan_fp8("torchtitan", "fp8-rowwise").fp8_abs_saved
+
+
+def test_the_recompute_remakes_the_kept_gemms_casts_where_the_library_saves_them():
+    """torchao eab345c saves each linear's FP8 input and weight copies for its backward: not on the save list, so the
+    recompute casts them again for the kept GEMMs too, and the weight copy is rebuilt, not kept. torchao 36027d82
+    keeps the high-precision tensors and casts in the backward: nothing more in the recompute."""
+    from memo_sim.policy.op_sac import saved_gemm_casts
+
+    lay = Layout(dp=8, zero=3, dp_mode="fsdp", kernel_fusion="compiled")
+    old, new = _titan_fp8("torchtitan@2024-12", "fp8-tensorwise"), _titan_fp8("torchtitan", "fp8-rowwise")
+    casts = {c.name: c for c in saved_gemm_casts(old, lay, 2, 8192, PROF)}
+    assert set(casts) == {"qkv_cast", "fc1_cast", "fc2_cast"} and all(c.phase == "recompute" for c in casts.values())
+    assert all(c.seconds > 0 for c in casts.values())
+    assert saved_gemm_casts(new, lay, 2, 8192, PROF) == [] == saved_gemm_casts(LLAMA, lay, 2, 8192, PROF)
+    sac = get_policy("op_sac")
+    names = {c.name for c in sac.recompute_costs(old, lay, 2, 8192, PROF)}
+    assert {"qkv_cast", "fc1_cast", "fc2_cast"} <= names
+    sk = skeletal_bytes(old, lay, 2, 8192)
+    assert sk["fp8_weights"] > 0
+    assert "fp8_weights" not in dict(sac.kept_extras(sk)) and "fp8_weights" in dict(sac.rebuilt_extras(sk))
+    assert "fp8_weights" in dict(get_policy("store_all").kept_extras(sk))
+
+
+def test_torchtitan_searches_it_under_its_float8_and_not_under_nvfp4():
     from memo_sim import api
 
     # torchtitan@2024-12: its Float8 ran the tensorwise recipe (the current torchtitan's are rowwise only)
@@ -71,7 +121,11 @@ def test_torchtitan_searches_it_and_leaves_it_out_under_fp8():
     ans = api.whatif(api.WhatifRequest(**req))
     assert "op_sac" in {c.policy.name for c in ans.result.candidates}
     ans = api.whatif(api.WhatifRequest(**{**req, "model": replace(LLAMA, gemm_format="fp8-tensorwise")}))
-    assert "op_sac" not in {c.policy.name for c in ans.result.candidates}
+    assert "op_sac" in {c.policy.name for c in ans.result.candidates}
+    ans = api.whatif(api.WhatifRequest(**{**req, "framework": "torchtitan",
+                                          "model": replace(LLAMA, gemm_format="fp8-rowwise")}))
+    assert "op_sac" in {c.policy.name for c in ans.result.candidates}
+    b200 = load_profile("b200-180gb")
     with pytest.raises(MemoError, match="policies='op_sac'"):
-        api.whatif(api.WhatifRequest(**{**req, "model": replace(LLAMA, gemm_format="fp8-tensorwise"),
-                                        "policies": ("op_sac",)}))
+        api.whatif(api.WhatifRequest(**{**req, "framework": "torchtitan", "profile": b200,
+                                        "model": replace(LLAMA, gemm_format="nvfp4"), "policies": ("op_sac",)}))

@@ -21,7 +21,7 @@ from functools import lru_cache
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import ModelConfig
 from memo_sim.cost.attention_kernel import DROPOUT_MASK_BYTES, score_matrices
-from memo_sim.cost.gemm_format import saved_weight_bytes
+from memo_sim.cost.gemm_format import linear_params_on_gpu, saved_weight_bytes
 from memo_sim.model.eager_kernels import eager_op
 from memo_sim.model.layer_graph import (DTYPE_BYTES, TensorSpec, block_tensors, forward_ops, fp8_attention_copy,
                                         layer_tensors, separate_norms, sp_kept_inputs)
@@ -157,21 +157,51 @@ def offload_module_tensors(model: ModelConfig, module: str) -> tuple[str, ...]:
 # in torchtitan's order (wq, wk, wv, wo, then w1, w3, w2 for a gated FFN, w1, w2 otherwise) every odd one's output is
 # saved and every even one's recomputed; the attention kernel's outputs are saved; the norms, residual adds and the
 # activation are recomputed. Saved tensors it drops: ln1, k (wk), h1, ln2, act, and for a gated FFN the up half of
-# fc1 (w3's output; w1's, the gate half, is saved); it also keeps w2's output (the gated FFN's 7th GEMM), which
-# store-all does not keep
+# fc1 (w3's output; w1's, the gate half, is saved); in eager PyTorch it also keeps w2's output (the gated FFN's 7th
+# GEMM), which store-all does not keep (a compiled block does not: `_op_sac_bytes`)
 OP_SAC_DROPPED = ("ln1", "k", "h1", "ln2", "act")
 
 
+# the input of each of a dense block's linears in torchtitan's order (wq, wk, wv; wo; w1, w3 of a gated FFN; w2), one
+# entry per linear: under a quantised format each torchao linear casts its own input (`op_sac_abs_bytes`)
+_LINEAR_INPUTS = {True: ("ln1", "ln1", "ln1", "attn", "ln2", "ln2", "act"), False: ("ln1", "ln1", "ln1", "attn", "ln2",
+                                                                                   "act")}
+
+
+def op_sac_abs_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
+    """What a per-op selective checkpoint whose save list names aten.abs (``ModelConfig.fp8_abs_saved``: torchtitan
+    9dec370's ``_save_list``) keeps of one dense layer's casts on one GPU in eager PyTorch: torchao eab345c's
+    Float8Linear takes each cast's amax as torch.max(torch.abs(t)), and the checkpoint's caching mode stores every
+    MUST_SAVE output it sees to the layer's backward, so every linear's input (once per linear: each Float8Linear casts
+    its own, ln1 three times, ln2 twice under a gated FFN) and weight (cast in every forward: FSDP's float8 all-gather
+    off, 9dec370's default; the rank's whole unsharded weights) leave their absolute values, in the model dtype and
+    the tensor's size. 0 in a compiled block (`_op_sac_bytes`) and elsewhere."""
+    if not (model.gemm.quantised and model.fp8_abs_saved) or model.moe or model.mla:
+        return 0.0
+    tensors = layer_tensors(model, layout.tp_mode)
+    acts = sum(tensor_bytes(tensors[n], layout, batch, seq) / tensors[n].dtype_bytes
+               for n in _LINEAR_INPUTS[model.ffn_type == "swiglu"])
+    return (acts + linear_params_on_gpu(model, layout, 1)) * DTYPE_BYTES[model.dtype]
+
+
 def _op_sac_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> tuple[float, float]:
-    """(skeletal bytes op SAC drops, bytes it keeps beyond the skeletal ones) of one dense layer on one GPU."""
+    """(skeletal bytes op SAC drops, bytes it keeps beyond the skeletal ones) of one dense layer on one GPU. Beyond
+    them, in eager PyTorch (the checkpoint's caching mode stores what the save list names whether or not the backward
+    reads it): w2's output under a gated FFN and the casts' abs outputs where the list keeps them
+    (`op_sac_abs_bytes`). In a compiled block the policy only tags the graph's nodes and AOTAutograd's partitioner
+    saves a tagged output where the backward graph reads it, which it reads of neither (w2's output feeds the residual
+    add alone; the casts' recompute reads the saved max), so nothing beyond."""
     tensors = layer_tensors(model, layout.tp_mode)
     if model.moe or model.mla:
         return 0.0, 0.0
     dropped = sum(tensor_bytes(tensors[n], layout, batch, seq) for n in OP_SAC_DROPPED if tensors[n].saved)
-    if model.ffn_type != "swiglu":
+    gated = model.ffn_type == "swiglu"
+    if gated:
+        dropped += tensor_bytes(tensors["fc1"], layout, batch, seq) / 2
+    if layout.kernel_fusion == "compiled":
         return dropped, 0.0
-    return (dropped + tensor_bytes(tensors["fc1"], layout, batch, seq) / 2,
-            tensor_bytes(tensors["fc2"], layout, batch, seq))
+    return dropped, (tensor_bytes(tensors["fc2"], layout, batch, seq) if gated else 0.0) + op_sac_abs_bytes(
+        model, layout, batch, seq)
 
 
 def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dict[str, float]:

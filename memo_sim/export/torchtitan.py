@@ -157,8 +157,8 @@ _AC = {"full_recompute": "FullAC", "op_sac": "SelectiveAC"}
 
 # what a model is, beside its shapes: its name and notes, and how it is trained (dtype, recipe, GEMM format)
 _NOT_SHAPE = ("name", "not_modelled", "dtype", "precision", "gemm_format", "fp8_saved_inputs", "fp8_sp_gathers",
-             "fp8_weights_per_use", "fp8_weights_saved", "fp8_transposes", "fp8_attention_copy", "qk_norm_kept",
-             "offload_copies_per_group")
+             "fp8_weights_per_use", "fp8_weights_saved", "fp8_transposes", "fp8_attention_copy", "fp8_abs_saved",
+             "qk_norm_kept", "offload_copies_per_group")
 
 
 def _preset(model) -> str:

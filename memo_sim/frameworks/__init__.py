@@ -94,8 +94,9 @@ version can run (default: ``bf16`` only), and under a quantised format ``fp8_sav
 GEMM inputs kept for backward as quantised copies), ``fp8_sp_gathers`` (sequence parallelism
 all-gathers the column-parallel GEMM inputs' and the row-parallel GEMM output gradients' quantised copies, cast on
 the sequence shard), ``fp8_weights_per_use`` (the linear weights cast at every
-use, no quantised copy kept) and ``fp8_weights_saved`` (each layer's quantised weight copy made by its forward and
-saved by autograd for its backward). `Framework.for_model` applies them to a model.
+use, no quantised copy kept), ``fp8_weights_saved`` (each layer's quantised weight copy made by its forward and
+saved by autograd for its backward) and ``fp8_abs_saved`` (a per-op selective checkpoint's save list keeps each cast's
+abs pass output: torchtitan@2024-12). `Framework.for_model` applies them to a model.
 
 A file's ``layouts.rank_orders`` lists the orders it numbers ranks in (`memo_sim.layout.rank_order`; default:
 pipeline stages outermost, every framework's own; Megatron-LM adds data parallelism outermost with
@@ -305,6 +306,7 @@ class _PrecisionIn(BaseModel):
     fp8_weights_per_use: bool = Field(False, strict=True)  # FP8 weights cast at every use, no copy kept
     fp8_weights_saved: bool = Field(False, strict=True)  # each layer's FP8 weight saved by autograd to its backward
     fp8_attention_copy: bool = Field(True, strict=True)  # the output projection's own quantised input kept
+    fp8_abs_saved: bool = Field(False, strict=True)  # its per-op checkpoint saves each cast's abs output
 
 
 class _FrameworkIn(BaseModel):
@@ -358,6 +360,7 @@ class Framework:
     fp8_weights_per_use: bool = False  # under FP8 it casts the linear weights at every use and keeps no FP8 copy
     fp8_weights_saved: bool = False  # under FP8 each layer's forward saves its FP8 weight copy for its backward
     fp8_attention_copy: bool = True  # under FP8 the output projection keeps its own quantised input (its 1-byte copy)
+    fp8_abs_saved: bool = False  # under FP8 its per-op selective checkpoint saves each cast's abs pass output
     optimizer_offload: bool = False  # it can keep the optimizer's states and step on the host
     optimizer_offload_zero: tuple[int, ...] | None = None  # ... beside these ZeRO stages only (None: all it offers)
     uneven_stages: bool = False  # it can give the first / last pipeline stages their own layer counts
@@ -414,7 +417,7 @@ class Framework:
                             f"(it offers {', '.join(self.gemm_formats)}); fix: drop it or choose another --framework")
         fp8 = {"fp8_saved_inputs": self.fp8_saved_inputs, "fp8_sp_gathers": self.fp8_sp_gathers,
                "fp8_weights_per_use": self.fp8_weights_per_use, "fp8_weights_saved": self.fp8_weights_saved,
-               "fp8_attention_copy": self.fp8_attention_copy}
+               "fp8_attention_copy": self.fp8_attention_copy, "fp8_abs_saved": self.fp8_abs_saved}
         if model.gemm.quantised and any(getattr(model, k) != v for k, v in fp8.items()):
             model = replace(model, **fp8)
         if model.qk_norm and model.qk_norm_kept != self.qk_norm_outputs_kept:  # as it keeps them for the backward
@@ -612,6 +615,7 @@ def _read(path: Path) -> Framework:
                      fp8_saved_inputs=f.precision.fp8_saved_inputs, fp8_sp_gathers=f.precision.fp8_sp_gathers,
                      fp8_weights_per_use=f.precision.fp8_weights_per_use,
                      fp8_weights_saved=f.precision.fp8_weights_saved, fp8_attention_copy=f.precision.fp8_attention_copy,
+                     fp8_abs_saved=f.precision.fp8_abs_saved,
                      dp_modes=lay.dp_modes, ddp=lay.ddp, chunked_attention=f.chunked_attention,
                      shards_over_cp=lay.shards_over_cp,
                      qk_norm_outputs_kept=f.qk_norm_outputs_kept, offload_copies_per_group=f.offload_copies_per_group,

@@ -136,14 +136,14 @@ _QUIET_DEFAULTS = {"head_dim": 0, "qk_norm": False, "attention_sinks": False, "s
                    "seq_aux": False, "rope_scaling": "", "rotary_fraction": 0.0, "nope_period": 0,
                    "positions": "rotary", "mtp_layers": 0, "not_modelled": "", "swiglu_limit": 0.0,
                    "fp8_weights_per_use": False, "fp8_weights_saved": False, "fp8_transposes": True,
-                   "fp8_attention_copy": True,
+                   "fp8_attention_copy": True, "fp8_abs_saved": False,
                    "qk_norm_kept": False, "offload_copies_per_group": False}
 
 
 # the fields a framework's FP8 library sets (`memo_sim.frameworks.Framework.for_model`, `memo_sim.cost.gemm_format.
 # for_profile`): they move nothing but a quantised format's pricing (`framework_field_moves`)
 FP8_MODEL_FIELDS = ("fp8_saved_inputs", "fp8_sp_gathers", "fp8_weights_per_use", "fp8_weights_saved", "fp8_transposes",
-                    "fp8_attention_copy")
+                    "fp8_attention_copy", "fp8_abs_saved")
 
 
 def framework_field_moves(model: "ModelConfig", name: str, offloads_modules: bool) -> bool:
@@ -197,6 +197,7 @@ class _ModelIn(BaseModel):
     fp8_weights_saved: bool = Field(False, strict=True)
     fp8_transposes: bool = Field(True, strict=True)
     fp8_attention_copy: bool = Field(True, strict=True)
+    fp8_abs_saved: bool = Field(False, strict=True)
     head_dim: Annotated[int, Field(strict=True, ge=0, le=MAX_HIDDEN)] = 0
     qk_norm: bool = Field(False, strict=True)
     qk_norm_kept: bool = Field(False, strict=True)
@@ -414,6 +415,11 @@ class ModelConfig:
     # d98e8a64: ``set_save_original_input(self.linear_proj)`` for every FP8 recipe but delayed and for FP4 on
     # TransformerEngine >= 2.6, attention.py); set by the framework
     fp8_attention_copy: bool = True
+    # with a quantised format under a per-op selective checkpoint (`memo_sim.policy.op_sac`): whether its save list
+    # keeps the output of each cast's abs pass (the tensor whose max is the cast's amax): torchtitan 9dec370's
+    # ``_save_list`` names aten.abs beside aten.max, so every linear's input and weight leave a model-dtype copy of
+    # their absolute values saved to the layer's backward; set by the framework
+    fp8_abs_saved: bool = False
     # attention beyond hidden / heads (module docs; 0 / False: as hidden / heads gives)
     head_dim: int = 0  # query/key head size (no-rope part under latent attention); 0: hidden // heads
     qk_norm: bool = False
