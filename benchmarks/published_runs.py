@@ -1267,7 +1267,8 @@ _TITAN_FSDP = (
     "is {memo}, {gemm} of it the layers' GEMMs (forward, backward and the re-run ones: the curve memo-exec calibrate "
     "measured on a 700 W H100, with " + _POWER + ") and {attn} attention (FlashAttention-2 as measured on an H200). "
     "Candidates, none pinned down: " + _POWER_LEFT + "; and FSDP's per-layer all-gathers and reduce-scatters, which "
-    "memo hides under the compute")
+    "memo hides under the compute (FSDP2's copies out of and into them, on the compute stream, priced since "
+    "2026-12-04: fsdp_copies)")
 
 _TITAN_TP = (
     "memo too fast on Llama 3.1 70B with TP 8 and no AsyncTP (FSDP 32 x TP 8 with sequence parallelism, full AC, "
@@ -1666,6 +1667,14 @@ HISTORY = (
      "them; the table's sizes count both)",
      {"megatron2024-1.7B": -0.207, "megatron2024-7.1B": -0.156, "megatron2024-16B": -0.043,
       "megatron2024-32B": 0.083}),
+    ("d33b4c2", "2026-12-04", "before FSDP2's copies out of each layer's all-gather and into its reduce-scatter ran "
+     "on the compute stream (torchtitan's fsdp_copies) and torchtitan 9dec370's AdamW as torch.optim's foreach kernels "
+     "(optimizer_impl)",
+     {"torchtitan-t1-fsdp": -0.048, "torchtitan-t1-fsdp-compile": -0.115, "torchtitan-t1-fsdp-compile-float8": -0.059,
+      "torchtitan-t3-fsdp128": -0.068, "torchtitan-t3-fsdp128-compile": -0.129,
+      "torchtitan-t3-fsdp128-compile-float8": -0.067, "torchtitan-t2-cp1": -0.127, "torchtitan-t2-cp2": -0.019,
+      "torchtitan-t2-cp4": -0.262, "torchtitan-t2-cp8": -0.291, "torchtitan-t4-2d": -0.123,
+      "torchtitan-t4-2d-asynctp": -0.169, "torchtitan-t5-interleaved": -0.174, "torchtitan-t6-cp4": -0.166}),
 )
 
 
@@ -1985,6 +1994,15 @@ STEPS = (
      "untied (the table's sizes count both): 1.7B -20.7% to -20.4%, 7.1B -15.6% to -15.4%, 16B -4.3% to -4.0%, 32B "
      "+8.3% to +8.5%: dense 43 predicted at 10.8% / 31.1%, long-context 20 at 14.2% / 31.1%, the FP8 rows 14 at "
      "15.4% / 29.1%, the MoE group 18 at 18.5% / 45.2%"),
+    ("FSDP2's copies; torchtitan 9dec370's foreach AdamW", "FSDP2's copy of each layer's gathered weights out of its "
+     "all-gather before every forward and backward, and of its gradients into its reduce-scatter (read in bf16, "
+     "written in fp32) after its backward, on the compute stream (torch/distributed/fsdp/_fully_shard: "
+     "wait_for_unshard's foreach_all_gather_copy_out, foreach_reduce's copy-in; the torchtitan data's fsdp_copies), "
+     "and torchtitan 9dec370's AdamW as torch.optim's foreach kernels (optimizer_impl foreach: --optimizer.fused off "
+     "by default): the torchtitan rows 0.1-4.6 points slower, all too fast before (t1-fsdp -4.8% to -1.7%, "
+     "t1-fsdp-compile -11.5% to -7.9%, t1-fsdp-compile-float8 -5.9% to -1.3%, t3-fsdp128-compile -12.9% to -10.5%, "
+     "t2-cp1 -12.7% to -11.7%, t4-2d -12.3% to -11.9%): dense 43 predicted at 10.3% / 31.1%, long-context 20 at "
+     "14.1% / 31.1%, the FP8 rows 14 at 14.6% / 28.9%, the MoE group 18 at 18.5% / 45.2%"),
 )
 
 

@@ -507,6 +507,32 @@ def reduce_bucket_note(plan) -> str | None:
             f"workspaces, so the model_states row reads apart from the prediction by the difference")
 
 
+def fsdp_copies_note(plan) -> str | None:
+    """Where the plan prices FSDP2's copies on the compute stream (``layout.fsdp_copies``: each layer's gathered
+    weights copied out of the all-gather's buffer, its gradients into the reduce-scatter's input) and memo-exec gathers
+    into and reduces from the flat buffers its parameters and gradients are views of (memo_exec/distributed/zero.py),
+    one sentence, else None."""
+    lay = plan.layout
+    if not getattr(lay, "fsdp_copies", False) or lay.zero < 3 or getattr(lay, "state_shards", 1) <= 1:
+        return None
+    return ("FSDP copies: the plan prices FSDP2's copies on the compute stream (layout fsdp_copies: each layer's "
+            "gathered weights out of the all-gather's buffer, its gradients into the reduce-scatter's input), "
+            "memo-exec gathers into and reduces from its parameters' own flat buffers, so its layers' forward and "
+            "backward read below the prediction by them; plan without --framework to compare like with like")
+
+
+def optimizer_impl_note(plan) -> str | None:
+    """Where the plan prices the Adam step as torch.optim's foreach kernels (``layout.optimizer_impl`` foreach:
+    torchtitan 9dec370's default) and memo-exec runs torch.optim's fused kernel (`memo_exec.optim`), one sentence,
+    else None."""
+    lay = plan.layout
+    if getattr(lay, "optimizer_impl", "fused") != "foreach" or getattr(lay, "optimizer_offload", False):
+        return None
+    return ("optimizer step: the plan prices AdamW as torch.optim's foreach kernels (layout optimizer_impl foreach, "
+            "a pass over the tensors per op of the update), memo-exec runs the fused kernel, so its step reads below "
+            "the prediction; plan without --framework to compare like with like")
+
+
 def host_pool_note(plan, meta: dict) -> str | None:
     """Where the plan prices PyTorch's caching host allocator (``layout.host_pool`` caching_host_allocator: each
     offloaded tensor pinned on its own, rounded up as the profile's ``host.pinned_rounding`` says, a power of two for
@@ -535,14 +561,15 @@ def plan_notes(plan, meta: dict) -> list[str]:
     """Where this run did otherwise than the plan priced, one sentence each (the bold lines of report.md and the
     run's --json ``plan_notes``): the attention kernel (`memo_exec.attention.priced_kernel_note`), the loss kernel,
     the eager kernels, the rotary embedding, the Ulysses backward, the embedding's and head's gradient unit, the
-    data-parallel collectives' overlap, the gradient buckets and the pinned host pool."""
+    data-parallel collectives' overlap, the gradient buckets, FSDP2's copies, the optimizer's kernels and the pinned host pool."""
     from memo_exec.attention import priced_kernel_note  # noqa: PLC0415
 
     kernel = priced_kernel_note(meta.get("attention_kernel_priced"), meta.get("attention_backend"),
                                 meta.get("device_kind"))
     notes = [kernel.removeprefix("note: ") if kernel else None, loss_kernel_note(plan), kernel_fusion_note(plan),
              rope_note(plan), ulysses_kept_note(plan),
-             head_grads_note(plan), grad_sync_note(plan), reduce_bucket_note(plan), host_pool_note(plan, meta)]
+             head_grads_note(plan), grad_sync_note(plan), reduce_bucket_note(plan), fsdp_copies_note(plan),
+             optimizer_impl_note(plan), host_pool_note(plan, meta)]
     return [n for n in notes if n]
 
 

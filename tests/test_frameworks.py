@@ -81,7 +81,12 @@ EXPECTED = {"attention": ("materialised", "flash", "time"), "grad_overlap": (Fal
             "replicate_fsdp": (False, True, "model states"),
             # a bucket stated smaller than a layer (XTuner's DeepSpeed reduce_bucket_size): ZeRO 2's two buckets of
             # whole gradients under overlapped reductions hold less than two layers' (gpt-7b: 201M a layer)
-            "reduce_bucket": (0, 50_000_000, "model states")}
+            "reduce_bucket": (0, 50_000_000, "model states"),
+            # FSDP2 copies each layer's weights out of its all-gather and its gradients into its reduce-scatter on the
+            # compute stream (an FSDP layout)
+            "fsdp_copies": (True, False, "time"),
+            # torchtitan 9dec370's AdamW as torch.optim's foreach kernels: a pass of HBM per tensor op of the update
+            "optimizer_impl": ("foreach", "fused", "time")}
 
 
 @pytest.mark.parametrize("mechanism", sorted(MECHANISMS))
@@ -94,7 +99,8 @@ def test_each_mechanism_moves_the_prediction_the_expected_way(mechanism):
     prof = load_profile("h100-sxm5-80gb" if mechanism == "block_attention" else "a100-sxm4-80gb")
     base = {"ring_merge": Layout(tp=4, cp=2), "ulysses_kv": Layout(ulysses=4, dp=2, zero=3),
             "ulysses_bwd_resend": Layout(ulysses=4, dp=2, zero=3), "ring_dkv_fp32": Layout(tp=4, cp=2),
-            "block_attention": Layout(tp=4, cp=2, attention="cudnn"), "param_gather": Layout(tp=2, dp=4, zero=1)}.get(
+            "block_attention": Layout(tp=4, cp=2, attention="cudnn"), "param_gather": Layout(tp=2, dp=4, zero=1),
+            "fsdp_copies": Layout(dp=8, zero=3, dp_mode="fsdp")}.get(
         mechanism, Layout(tp=2, sp=mechanism in ("sp_regather_overlap", "sp_input_kept"), dp=4))
     worse, better = (replace(base, **{MECHANISMS[mechanism]: v}) for v in (worse_v, better_v))
     if what == "time":

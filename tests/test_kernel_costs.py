@@ -107,6 +107,9 @@ def test_optimizer_step_bytes_closed_form():
     # FSDP2's shards keep no working copy: the step casts none (no master re-read, no bf16 write; a review found the
     # master's read still charged)
     assert optimizer_step_bytes(meg, 1000, 4, 3, working_copy=False) == 250 * 32 + 250 * 4
+    # torch.optim's foreach AdamW (torchtitan 9dec370): 4 fp32 parameter passes, 2 of the gradient, 14 moment-sized
+    # (7 x both moments' 8 bytes) where the fused kernel makes 2, 2 and 4
+    assert optimizer_step_bytes(meg, 1000, 4, 3, working_copy=False, foreach=True) == 250 * (16 + 8 + 56) + 250 * 4
     m, lay = get_model("gpt-7b"), Layout(tp=8)
     assert boundary_times(m, lay, 1, 4096, A100).optimizer == pytest.approx(
         optimizer_step_bytes(m.recipe, m.params() / 8, 1, 0) / HBM)

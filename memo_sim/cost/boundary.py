@@ -185,23 +185,29 @@ def optimizer_seconds(model: ModelConfig, layout: Layout, params: GpuParams, lay
         # shards, and ZeRO 0 run as FSDP2 over a shard group of one: ``Layout.replicate_fsdp``)
         working = (not (layout.zero == 0 and layout.replicate_fsdp)
                    and (layout.zero < 3 or layout.dp_flavour.shards_working_weights))
-        step = memory_bound_time(optimizer_step_bytes(model.recipe, params.local, params.shards, layout.zero, working),
-                                 profile)  # (optimizer offload: the host's step, `offloaded_step_seconds`)
+        step = memory_bound_time(optimizer_step_bytes(model.recipe, params.local, params.shards, layout.zero, working,
+                                                      layout.optimizer_impl == "foreach"), profile)  # (optimizer offload: the host's step, `offloaded_step_seconds`)
     # the re-cast of the weights this GPU updates: all of them, or its 1/N shard under ZeRO-3 (each layer's
     # gathered copies are then cast again per gather, not priced)
     return step + memory_bound_time(weight_recast_bytes(model, layers, layout, owned=layout.zero >= 3), profile)
 
 
 def optimizer_step_bytes(recipe: PrecisionRecipe, params: float, shards: float, zero: int,
-                         working_copy: bool = True) -> float:
+                         working_copy: bool = True, foreach: bool = False) -> float:
     """HBM bytes of one optimizer step over ``params`` parameters held by one GPU (before ZeRO),
     sharded ``shards`` ways by ZeRO stage ``zero`` (the module's formula); ``working_copy`` False: the step writes
-    no model-dtype copy of the master (FSDP2's shards: `memo_sim.dp.base.DPFlavour.shards_working_weights`)."""
+    no model-dtype copy of the master (FSDP2's shards: `memo_sim.dp.base.DPFlavour.shards_working_weights`).
+    ``foreach`` (``Layout.optimizer_impl``): torch.optim's AdamW as foreach kernels (torch/optim/adam.py
+    _multi_tensor_adam with decoupled weight decay), each a pass of its own over the tensors it reads and writes:
+    the decay's mul_ of the parameter (read, write), lerp_ of the first moment by the gradient, mul_ and
+    addcmul_ of the second by the gradient, sqrt into a new tensor, div_ and add_ of it, addcdiv_ of the parameter
+    (4 parameter, 14 moment-sized and 2 gradient passes, where the fused kernel makes 2, 4 and 2)."""
     w, g, m, o = recipe.weight_bytes, recipe.grad_bytes, recipe.master_bytes, recipe.optimizer_bytes
     p = m or w
     n = max(1, shards)
     shard = params / (n if zero >= 1 else 1)
     # the working copy cast from the updated master (its read and the copy's write), where one is kept
-    per_param = 2 * p + 2 * g + 2 * o + ((m + w) if m and working_copy else 0)
+    update = 4 * p + 2 * g + 7 * o if foreach else 2 * p + 2 * g + 2 * o  # o: both moments' bytes
+    per_param = update + ((m + w) if m and working_copy else 0)
     grad_buffer = params / (n if zero >= 2 else 1)
     return shard * per_param + grad_buffer * g

@@ -65,6 +65,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memo_sim.cost import collectives as coll
+from memo_sim.cost.kernel_time import memory_bound_op_time
 from memo_sim.cost.memo import memoised
 from memo_sim.cost.param_split import GpuParams, gpu_params, layer_gpu_params, model_gpu_params
 from memo_sim.layout.parallel import Layout, expert_group_placements, stages_cross_nodes
@@ -152,6 +153,15 @@ class GradSync:
     # GPU in one blocking collective after the step, before the next forward; the unit gathers above are 0 then
     step_gather: float = 0.0
     embedding_kept: bool = False  # the embedding's unit kept from its forward to its backward (FSDP2's tied unit)
+    # FSDP2's copies on the compute stream (``Layout.fsdp_copies``: torch/distributed/fsdp/_fully_shard's
+    # wait_for_unshard -> foreach_all_gather_copy_out, torch.ops.fsdp.split_with_sizes_copy, and foreach_reduce ->
+    # foreach_reduce_scatter_copy_in, chunk_cat into the reduce dtype, both on the current stream): one layer's
+    # gathered weights copied out of the all-gather's buffer before each forward or backward that gathers them (read
+    # and write, the gather's width), and its gradients copied into the reduce-scatter's input before each reduction
+    # (read at the weights' width, written at the reduction's); seconds on the compute stream. The embedding's and
+    # the head's units' copies, and a pipeline stage's (gathered once a step beside stages), are not priced
+    layer_copy_out: float = 0.0
+    layer_copy_in: float = 0.0
 
     @property
     def active(self) -> bool:
@@ -270,8 +280,12 @@ def grad_sync(model: ModelConfig, layout: Layout, profile: HardwareProfile, stri
         gather = emb_g = head_g = mtp_g = 0.0
     # the tied unit's gradients, the norm's with the embedding's, go out after the embedding's backward
     emb_r, head_r = (reduce(gr * emb_unit), 0.0) if tied_unit else (reduce(gr * emb_p), reduce(gr * head_p))
+    copy_out = copy_in = 0.0
+    if layout.fsdp_copies and layout.zero >= 3 and gather > 0:  # FSDP2's (GradSync.layer_copy_out)
+        copy_out = memory_bound_op_time(2 * w * layer.local, profile)
+        copy_in = memory_bound_op_time((w + gr) * layer.local, profile)
     return GradSync(coll.link_kind(profile, link), layer_r, emb_r,
                     all_r, gather, layout.zero >= 3 and flavour.gathers_in_backward(layout), layout.grad_overlap,
                     mtp_r, shared_embedding=shared, shared_embedding_link=shared_link, mtp_gather=mtp_g,
                     head_grad=head_r, embedding_gather=emb_g, head_gather=head_g, step_gather=step_g,
-                    embedding_kept=tied_unit and emb_g > 0)
+                    embedding_kept=tied_unit and emb_g > 0, layer_copy_out=copy_out, layer_copy_in=copy_in)

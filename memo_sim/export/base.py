@@ -277,10 +277,12 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None 
     # the allocator settings are the plan's: every export sets them on its run line (`alloc_env`), so the framework's
     # own script's (its data's, `Framework.adapt`) do not apply
     layout = dataclasses.replace(layout, expandable_segments=mine.expandable_segments, alloc_conf=mine.alloc_conf)
-    mechanisms = mechanism_changes(mine, layout, prof)
     own = {k: v for k, v in (own or {}).items() if getattr(layout, k) != v}
-    mechanisms += [f"{k} {getattr(layout, k)} -> {v}" for k, v in own.items()]
-    layout = dataclasses.replace(layout, **own) if own else layout
+    named = [f"{k} {getattr(layout, k)} -> {v}" for k, v in own.items()]
+    if own:  # and the framework's mechanisms that act on what they change (FSDP2's copies under its FSDP)
+        layout = dataclasses.replace(get_framework(framework).adapt(dataclasses.replace(layout, **own), prof),
+                                     expandable_segments=mine.expandable_segments, alloc_conf=mine.alloc_conf)
+    mechanisms = mechanism_changes(mine, layout, prof) + named
     try:  # the framework's FP8 behaviour and the rest of its `Framework.for_model` (a review: left out here)
         model = nearest_model(plan, gaps, framework, prof)
     except MemoError as e:

@@ -67,7 +67,12 @@ policies, and how it runs what the simulator models as a switch
   collective at the end of the optimizer step: DeepSpeed's ``DeepSpeedZeroOptimizer.step``;
   `memo_sim.layout.parallel`, `memo_sim.cost.grad_sync`);
 - ``replicate_fsdp`` (optional, default false): ZeRO 0 over replicas runs as FSDP2 over a shard group of one,
-  keeping FSDP's mixed-precision states (torchtitan, which always applies FSDP: `memo_sim.layout.parallel`).
+  keeping FSDP's mixed-precision states (torchtitan, which always applies FSDP: `memo_sim.layout.parallel`);
+- ``fsdp_copies`` (optional, default false): FSDP2's copies out of each unit's all-gather and into its
+  reduce-scatter, on the compute stream (torchtitan; memo's executor gathers into its parameters' own buffer:
+  `memo_sim.layout.parallel`, `memo_sim.cost.grad_sync`);
+- ``optimizer_impl`` (optional, default ``fused``): the Adam step as one fused kernel or as torch.optim's
+  ``foreach`` kernels (torchtitan at 9dec370; `memo_sim.cost.boundary.optimizer_step_bytes`).
 
 A file's ``layouts.dp_modes`` lists its data-parallel flavours (`memo_sim.dp`: ``zero``, the ZeRO
 stages; ``fsdp``, FSDP2 with HSDP and resharding after the forward or not; default ``[zero]``).
@@ -137,7 +142,7 @@ from memo_sim.dp import DP_MODES
 from memo_sim.layout.alloc_conf import merged_alloc_conf
 from memo_sim.layout.moe_balance import KINDS as BALANCE_KINDS
 from memo_sim.layout.moe_dispatchers import DISPATCHER_NAMES
-from memo_sim.layout.parallel import BLOCK_KERNELS, HOST_POOLS, PARAM_GATHERS, Layout
+from memo_sim.layout.parallel import BLOCK_KERNELS, HOST_POOLS, OPTIMIZER_IMPLS, PARAM_GATHERS, Layout
 from memo_sim.layout.rank_order import DEFAULT_RANK_ORDER, RANK_ORDER_NAMES
 from memo_sim.layout.kv_heads import ULYSSES_KV_RULES
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES
@@ -161,7 +166,8 @@ MECHANISMS = {"attention": "attention", "block_attention": "block_attention", "g
               "ring_merge": "ring_merge",
               "ulysses_kv": "ulysses_kv", "ulysses_bwd_resend": "ulysses_bwd_resend",
               "ring_dkv_fp32": "ring_dkv_fp32", "head_grads_unit": "head_grads_unit", "param_gather": "param_gather",
-              "replicate_fsdp": "replicate_fsdp", "reduce_bucket": "reduce_bucket"}
+              "replicate_fsdp": "replicate_fsdp", "reduce_bucket": "reduce_bucket", "fsdp_copies": "fsdp_copies",
+              "optimizer_impl": "optimizer_impl"}
 
 
 def deepspeed_moe_why_not(m: ModelConfig) -> list[str]:
@@ -286,6 +292,8 @@ class _MechanismsIn(BaseModel):
     head_grads_unit: bool = Field(False, strict=True)  # ZeRO 2 / 3: embedding, head, norm gradients whole together
     param_gather: Literal[PARAM_GATHERS] = "overlap"  # ZeRO-1/2's updated-weight all-gather (`layout.parallel`)
     replicate_fsdp: bool = Field(False, strict=True)  # ZeRO 0 as FSDP2 over a shard group of one
+    fsdp_copies: bool = Field(False, strict=True)  # FSDP's copies out of its gathers and into its reductions
+    optimizer_impl: Literal[OPTIMIZER_IMPLS] = "fused"  # the Adam step's kernels (`layout.parallel`)
     reduce_bucket: Annotated[int, Field(strict=True, ge=0, le=1 << 40)] = 0  # ZeRO 2 / 3 elements a reduction takes
 
     @model_validator(mode="after")
@@ -558,6 +566,8 @@ class Framework:
             mech["replicate_fsdp"] = False
         if lay.zero < 2:  # ZeRO 0 / 1 keep the gradients whole: no bucket of them is priced
             mech["reduce_bucket"] = 0
+        if lay.zero < 3 or lay.dp_mode != "fsdp":  # FSDP's copies: FSDP's gathers and reductions only
+            mech["fsdp_copies"] = False
         out = replace(lay, **mech)
         if profile is None:
             return out
@@ -577,6 +587,8 @@ def mechanism_changes(mine: Layout, theirs: Layout, profile) -> list[str]:
             "ulysses_bwd_resend": theirs.ulysses == 1, "ring_dkv_fp32": theirs.cp == 1,
             "head_grads_unit": theirs.zero < 2, "param_gather": theirs.zero not in (1, 2) or theirs.state_shards < 2,
             "replicate_fsdp": theirs.zero > 0, "reduce_bucket": theirs.zero < 2,
+            "fsdp_copies": theirs.zero < 3 or theirs.dp_mode != "fsdp" or theirs.state_shards < 2,
+            "optimizer_impl": theirs.optimizer_offload,
             "sp_regather_overlap": not (theirs.tp > 1 and theirs.sp) or theirs.sp_input_kept,
             "sp_input_kept": not (theirs.tp > 1 and theirs.sp),
             "attention": theirs.runs_blocks() or eff.priced_attention_kernel(mine.attention)

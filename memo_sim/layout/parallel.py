@@ -133,7 +133,19 @@ out of `Layout.to_dict`), each layer's gather beside the next iteration's forwar
 own (Megatron-LM's --overlap-param-gather); ``after_step``, every weight gathered in one blocking collective at the
 end of the optimizer step, before the next forward starts (DeepSpeed's ZeRO-1/2: deepspeed/runtime/zero/
 stage_1_and_2.py ``DeepSpeedZeroOptimizer.step`` calls ``all_gather_dp_groups`` after the optimizer step and before
-it returns, at edaa7221 lines 2393-2401). ``replicate_fsdp``: ZeRO 0 over the replicas runs as FSDP2 over a shard
+it returns, at edaa7221 lines 2393-2401). ``optimizer_impl``: the Adam step as one fused kernel over each group of tensors (``fused``, default, left out of
+`Layout.to_dict`: Megatron-LM's and DeepSpeed's FusedAdam, torch.optim's fused=True, which memo's executor and
+torchtitan at b5bcd76c run) or as torch.optim's foreach kernels, one per tensor op of the update
+(``foreach``: torchtitan at 9dec370, torchtitan/optimizer.py ``"fused": fused, "foreach": not fused`` with
+--optimizer.fused off by default; `memo_sim.cost.boundary.optimizer_step_bytes`).
+``fsdp_copies``: under FSDP (ZeRO 3, ``dp_mode`` fsdp) each unit's gathered weights are copied out of the
+all-gather's buffer into the parameters before every forward and backward that gathers them, and its gradients into
+the reduce-scatter's input (in the reduce dtype) after its backward, with kernels on the compute stream (PyTorch's
+``fully_shard``, FSDP2, as torchtitan runs it: torch/distributed/fsdp/_fully_shard ``wait_for_unshard`` /
+``foreach_all_gather_copy_out`` and ``foreach_reduce`` / ``foreach_reduce_scatter_copy_in``; True, set by the
+torchtitan framework data; `memo_sim.cost.grad_sync.GradSync.layer_copy_out`), where memo's executor gathers into
+and reduces from the flat buffers its parameters and gradients are views of (False, left out of `Layout.to_dict`).
+``replicate_fsdp``: ZeRO 0 over the replicas runs as FSDP2 over a shard
 group of one (torchtitan at b5bcd76c, models/llama3/parallelize.py: "Always run apply_fsdp_to_decoder -- with
 shard_degree=1 it is a no-op for the all-gather but still installs the MixedPrecisionPolicy"): the fp32 parameter is
 the master, no bf16 copy of it is kept beside it (each unit's bf16 copy is made before its use, as FSDP's gathered
@@ -182,6 +194,9 @@ from memo_sim.tp import FLAVOURS, TP_MODES, TPFlavour, tp_flavour
 HOST_POOLS = ("registered_pool", "caching_host_allocator")
 # `Layout.param_gather`: ZeRO-1/2's all-gather of the updated weights beside the next forward, or after the step
 PARAM_GATHERS = ("overlap", "after_step")
+# `Layout.optimizer_impl`: the Adam step as one fused kernel, or as torch.optim's foreach kernels
+# (`memo_sim.cost.boundary.optimizer_step_bytes`)
+OPTIMIZER_IMPLS = ("fused", "foreach")
 
 
 @dataclass(frozen=True)
@@ -217,6 +232,8 @@ class Layout:
     head_grads_unit: bool = False  # ZeRO 2 / 3: embedding, head and final norm gradients whole together (module docs)
     param_gather: str = "overlap"  # ZeRO-1/2's updated-weight all-gather: overlap | after_step (module docs)
     replicate_fsdp: bool = False  # ZeRO 0 runs as FSDP2 over a shard group of one (torchtitan; module docs)
+    fsdp_copies: bool = False  # FSDP's gathers and reductions copy on the compute stream (FSDP2; module docs)
+    optimizer_impl: str = "fused"  # the Adam step's kernels: fused | foreach (module docs)
     reduce_bucket: int = 0  # ZeRO 2 / 3: gradient elements one reduction takes (0: one layer's; module docs)
     memory_plan: bool = False  # a static memory plan places the transients whatever the policy (`policy.base.uses_memory_plan`)
     optimizer_offload: bool = False  # master weights, Adam and its step on the host (`cost.optimizer_offload`)
@@ -478,6 +495,10 @@ class Layout:
             del d["param_gather"]
         if not self.replicate_fsdp:  # and plans whose ZeRO 0 is DDP's theirs
             del d["replicate_fsdp"]
+        if not self.fsdp_copies:  # and plans whose FSDP gathers into the parameters' own buffer theirs
+            del d["fsdp_copies"]
+        if self.optimizer_impl == "fused":  # and plans whose Adam step is one fused kernel theirs
+            del d["optimizer_impl"]
         if not self.reduce_bucket:  # and plans that reduce a layer's gradients at a time theirs
             del d["reduce_bucket"]
         if not self.memory_plan:  # and plans on the allocator their policy runs with theirs
@@ -536,6 +557,8 @@ class _LayoutIn(BaseModel):
     head_grads_unit: bool = Field(False, strict=True)
     param_gather: Literal[PARAM_GATHERS] = "overlap"
     replicate_fsdp: bool = Field(False, strict=True)
+    fsdp_copies: bool = Field(False, strict=True)
+    optimizer_impl: Literal[OPTIMIZER_IMPLS] = "fused"
     reduce_bucket: Annotated[int, Field(strict=True, ge=0, le=1 << 40)] = 0
     memory_plan: bool = Field(False, strict=True)
     optimizer_offload: bool = Field(False, strict=True)

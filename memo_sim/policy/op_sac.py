@@ -38,12 +38,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from memo_sim.cost.gemm_format import cast_seconds, weight_use_cast_seconds
+from memo_sim.cost.gemm_format import cast_seconds, fp8_gather_shards, weight_use_cast_seconds
 from memo_sim.cost.layer_time import forward_costs, gemm_shape
 from memo_sim.cost.opcost import base_op_name
 from memo_sim.cost.opcost import OpCost
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import forward_ops
+from memo_sim.model.layer_graph import forward_ops, sp_regathered
 from memo_sim.policy.recompute_modules import RecomputeModules
 from memo_sim.policy.registry import register
 
@@ -73,7 +73,9 @@ def saved_gemm_casts(model: ModelConfig, layout, batch: int, seq: int, profile) 
             continue
         kept = 1.0 - share.get(op.name, 0.0)
         m, k, n = gemm_shape(op, layout, batch, seq)
-        t = cast_seconds(model, profile, m * k * kept, amax_fused=True) if model.fp8_saved_inputs else 0.0
+        # a column-parallel GEMM's input cast on the rank's sequence shard before its all-gather, as the forward does
+        shards = fp8_gather_shards(model, layout, False, "fwd") if op.name in sp_regathered(model) else 1
+        t = cast_seconds(model, profile, m * k * kept / shards, amax_fused=True) if model.fp8_saved_inputs else 0.0
         t += weight_use_cast_seconds(model, profile, k * n * kept, "recompute") if model.fp8_weights_saved else 0.0
         if t > 0:
             out.append(OpCost(f"{op.name}_cast", "elementwise", "recompute", "compute", t))

@@ -219,6 +219,9 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
             gathers += max(0.0, sync.layer_gather - unit)
     exposed = n_off * (max(0.0, lt.offload - lt.forward)
                        + max(0.0, lt.prefetch - lt.backward - lt.recompute))
+    # FSDP2's copies on the compute stream, every micro-batch (`memo_sim.cost.grad_sync.GradSync.layer_copy_out`)
+    fwd += n * sync.layer_copy_out
+    bwd += n * (sync.layer_copy_out * sync.gather_in_backward + sync.layer_copy_in * sync.overlapped)
     bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
     sync_exposed = sync.all_grads / n if sync.overlapped else sync.all_grads
     # the multi-token-prediction modules' weights, gathered beside the last layer's forward (twice under ZeRO-3)

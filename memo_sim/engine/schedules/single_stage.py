@@ -362,11 +362,20 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
     fwd_tail: dict[int, list[Op]] = {}
     offload: dict[int, Op] = {}
     gather_f: dict[int, Op] = {}
+
+    def copy_op(name, layer, phase, seconds, deps):
+        """FSDP2's copy out of the all-gather's buffer or into the reduce-scatter's, on the compute stream
+        (`memo_sim.cost.grad_sync.GradSync.layer_copy_out`): the op after it waits for it."""
+        if seconds <= 0:
+            return deps
+        return [g.add(name, device=d, stream="compute", kind="compute", phase=phase, layer=layer, work=seconds,
+                      deps=deps)]
+
     for i in range(n):
         deps = list(tail)
         if gather_fwd:
             gather_f[i] = dp_op("allgather_weights", i, sync.layer_gather, fwd_tail.get(i - 2, []), "weight_gather")
-            deps.append(gather_f[i])
+            deps = copy_op("fsdp_copy_out", i, "fwd", sync.layer_copy_out, deps + [gather_f[i]])
         # the op writing layer i+1's input into buffer (i+1)%2 waits until offload(i-1) has read it
         j = output_write_waits_for(i, n)
         tail = chain(lp.forward, i, "fwd", deps, gpu(i, policy.forward_kept(sk)),
@@ -408,7 +417,7 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
     for i in range(n - 1, -1, -1):
         deps = list(tail)
         if i in gather_b:
-            deps.append(gather_b[i])
+            deps = copy_op("fsdp_copy_out", i, "bwd", sync.layer_copy_out, deps + [gather_b[i]])
         if i in offload:
             pf = g.add("prefetch", device=d, stream="h2d", kind="copy", phase="prefetch", layer=i,
                        work=lp.offload_bytes, nbytes=lp.offload_bytes, direction="h2d",
@@ -422,6 +431,8 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
             deps = tail
         freed = gpu(i, policy.recompute_allocated(sk) + policy.forward_kept(sk), -1.0)
         tail = chain(lp.backward, i, "bwd", deps, (), freed)
+        if reduce_now and sync.overlapped:  # the gradients into the reduce-scatter's input first (FSDP2)
+            tail = copy_op("fsdp_copy_in", i, "bwd", sync.layer_copy_in, tail)
         bwd_end[i] = tail
         if sync.gather_in_backward and i - 2 >= 0:
             gather_b[i - 2] = dp_op("allgather_weights", i - 2, sync.layer_gather, tail, "weight_gather_bwd")
