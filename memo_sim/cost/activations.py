@@ -164,8 +164,8 @@ OP_SAC_DROPPED = ("ln1", "k", "h1", "ln2", "act")
 
 # the input of each of a dense block's linears in torchtitan's order (wq, wk, wv; wo; w1, w3 of a gated FFN; w2), one
 # entry per linear: under a quantised format each torchao linear casts its own input (`op_sac_abs_bytes`)
-_LINEAR_INPUTS = {True: ("ln1", "ln1", "ln1", "attn", "ln2", "ln2", "act"), False: ("ln1", "ln1", "ln1", "attn", "ln2",
-                                                                                   "act")}
+_LINEAR_INPUTS = {True: ("ln1", "ln1", "ln1", "attn", "ln2", "ln2", "act"),  # gated FFN: w1, w3, w2
+                  False: ("ln1", "ln1", "ln1", "attn", "ln2", "act")}  # w1, w2
 
 
 def op_sac_abs_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> float:
