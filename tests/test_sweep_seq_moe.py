@@ -1,7 +1,6 @@
-"""`memo-sim sweep-seq` of a mixture-of-experts plan sweeps the policies that price the model (op_sac, priced for
-dense blocks only, used to abort the whole sweep with exit 2) among those the plan's framework offers
-(`Plan.framework`: memo's own search, or torchtitan's, which offers op_sac); a policy asked for by name is still
-refused."""
+"""`memo-sim sweep-seq` of a mixture-of-experts plan sweeps the policies that price the model among those the plan's
+framework offers (`Plan.framework`: memo's own search, or torchtitan's; a policy that priced dense blocks only used to
+abort the whole sweep with exit 2); a policy asked for by name that does not price the model is still refused."""
 
 from __future__ import annotations
 
@@ -25,12 +24,12 @@ def test_sweep_seq_of_a_moe_plan_skips_the_policies_that_do_not_price_it(tmp_pat
     assert swept == {"store_all", "full_recompute", "full_offload", "memo", "recompute_moe",  # memo's own search's
                      "recompute_norm_act", "checkpoint_offload", "offload_attn"}, swept
     bad = CliRunner().invoke(cli, ["sweep-seq", str(tmp_path / "p" / "plan.json"), "--out", str(tmp_path / "b"),
-                                   "--seqs", "32K", "--policy", "op_sac"])
-    assert bad.exit_code == 2 and "op_sac" in bad.output and not (tmp_path / "b").exists()
+                                   "--seqs", "32K", "--policy", "recompute_mlp"])
+    assert bad.exit_code == 2 and "recompute_mlp" in bad.output and not (tmp_path / "b").exists()
 
 
-def test_sweep_seq_of_a_torchtitan_moe_plan_skips_op_sac(tmp_path):
-    """torchtitan offers op_sac, which does not price a mixture of experts: its sweep leaves it out."""
+def test_sweep_seq_of_a_torchtitan_moe_plan_sweeps_its_policies(tmp_path):
+    """torchtitan offers op_sac, which prices its MoE blocks (`memo_sim.cost.op_sac_saves`): its sweep takes all three."""
     r = CliRunner().invoke(cli, ["whatif", "--model", "qwen3-30b-a3b", "--layers", "4", "--gpus", "16", "--seq", "32K",
                                  "--profile", "h100-sxm5-80gb", "--tp", "1", "--ep", "8", "--dp", "16", "--framework",
                                  "torchtitan", "--out", str(tmp_path / "p")])
@@ -39,4 +38,4 @@ def test_sweep_seq_of_a_torchtitan_moe_plan_skips_op_sac(tmp_path):
                                  "--seqs", "32K", "--json"])
     assert s.exit_code == 0, s.output
     doc = json.loads((tmp_path / "s" / "mfu_vs_seq.json").read_text())
-    assert {r["policy"]["policy"] for r in doc} == {"store_all", "full_recompute"}
+    assert {r["policy"]["policy"] for r in doc} == {"store_all", "full_recompute", "op_sac"}

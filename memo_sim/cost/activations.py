@@ -23,8 +23,11 @@ from memo_sim.model.config import ModelConfig
 from memo_sim.cost.attention_kernel import DROPOUT_MASK_BYTES, score_matrices
 from memo_sim.cost.gemm_format import linear_params_on_gpu, saved_weight_bytes
 from memo_sim.model.eager_kernels import eager_op
-from memo_sim.model.layer_graph import (DTYPE_BYTES, TensorSpec, block_tensors, forward_ops, fp8_attention_copy,
-                                        layer_tensors, separate_norms, sp_kept_inputs)
+from memo_sim.cost import op_sac_saves
+from memo_sim.model.layer_graph import (DTYPE_BYTES, FP32_BYTES, TensorSpec, block_tensors, forward_ops,
+                                        fp8_attention_copy, layer_tensors, separate_norms, sp_kept_inputs)
+
+INDEX_BYTES = 8  # an int64 index (topk's expert ids)
 
 
 def tokens_per_gpu(layout: Layout, batch: int, seq: int) -> float:
@@ -153,15 +156,6 @@ def offload_module_tensors(model: ModelConfig, module: str) -> tuple[str, ...]:
     return names
 
 
-# torchtitan's per-op selective activation checkpointing (`memo_sim.policy.op_sac`): of a dense block's linear GEMMs
-# in torchtitan's order (wq, wk, wv, wo, then w1, w3, w2 for a gated FFN, w1, w2 otherwise) every odd one's output is
-# saved and every even one's recomputed; the attention kernel's outputs are saved; the norms, residual adds and the
-# activation are recomputed. Saved tensors it drops: ln1, k (wk), h1, ln2, act, and for a gated FFN the up half of
-# fc1 (w3's output; w1's, the gate half, is saved); in eager PyTorch it also keeps w2's output (the gated FFN's 7th
-# GEMM), which store-all does not keep (a compiled block does not: `_op_sac_bytes`)
-OP_SAC_DROPPED = ("ln1", "k", "h1", "ln2", "act")
-
-
 # the input of each of a dense block's linears in torchtitan's order (wq, wk, wv; wo; w1, w3 of a gated FFN; w2), one
 # entry per linear: under a quantised format each torchao linear casts its own input (`op_sac_abs_bytes`)
 _LINEAR_INPUTS = {True: ("ln1", "ln1", "ln1", "attn", "ln2", "ln2", "act"),  # gated FFN: w1, w3, w2
@@ -185,23 +179,52 @@ def op_sac_abs_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -
 
 
 def _op_sac_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> tuple[float, float]:
-    """(skeletal bytes op SAC drops, bytes it keeps beyond the skeletal ones) of one dense layer on one GPU. Beyond
-    them, in eager PyTorch (the checkpoint's caching mode stores what the save list names whether or not the backward
-    reads it): w2's output under a gated FFN and the casts' abs outputs where the list keeps them
-    (`op_sac_abs_bytes`). In a compiled block the policy only tags the graph's nodes and AOTAutograd's partitioner
-    saves a tagged output where the backward graph reads it, which it reads of neither (w2's output feeds the residual
-    add alone; the casts' recompute reads the saved max), so nothing beyond."""
+    """(skeletal bytes torchtitan's per-op selective checkpoint drops, bytes it keeps beyond the skeletal ones) of one
+    layer on one GPU, from its save list's rules (`memo_sim.cost.op_sac_saves`). Dropped: what store-all keeps of the
+    skeletal tensors (`saved_bytes`: a ColwiseParallel's gathered input too, whose all-gather runs again) less what
+    the checkpoint keeps in their place: the block's input, the attention output and an all-to-all's dispatched
+    tokens (`kept_tensors`), and the saved linears' outputs (wq's, wv's, w1's half of a gated fc1, ...: the GEMM's
+    output, latent attention's wkv_b one without the rotary part the key is concatenated with). Beyond them, in eager
+    PyTorch (the checkpoint's caching mode stores what the list names whether or not the backward reads it): the saved linears' outputs that
+    are no skeletal tensor (w2's; the output projection's under latent attention; a row-parallel one's partial sums
+    at the TP group's tokens), the reduce-scatters' outputs of sequence parallelism, the MoE combine's all-to-all
+    output (k rows of the rank's tokens) and topk's values and expert indices, and the casts' abs outputs where the
+    list keeps them (`op_sac_abs_bytes`). In a compiled block the policy only tags the graph's nodes and
+    AOTAutograd's partitioner saves a tagged output only where the backward graph reads it
+    (`memo_sim.cost.op_sac_saves.backward_reads`: the combine's output and topk's indices of those)."""
     tensors = layer_tensors(model, layout.tp_mode)
-    if model.moe or model.mla:
-        return 0.0, 0.0
-    dropped = sum(tensor_bytes(tensors[n], layout, batch, seq) for n in OP_SAC_DROPPED if tensors[n].saved)
-    gated = model.ffn_type == "swiglu"
-    if gated:
-        dropped += tensor_bytes(tensors["fc1"], layout, batch, seq) / 2
+    skeletal = frozenset(n for n, t in tensors.items() if t.saved and t.role != "lse")
+    kept = sum(tensor_bytes(tensors[n], layout, batch, seq)
+               for n in op_sac_saves.kept_tensors(model, model.moe and layout.ep > 1) if n in skeletal)
+    d = DTYPE_BYTES[model.dtype]
+    tokens = tokens_per_gpu(layout, batch, seq)
+    ops = {op.name: op for op in forward_ops(model)}
+    extras: dict[str, float] = {}
+    for p in op_sac_saves.linear_parts(model):
+        if not p.saved:
+            continue
+        # the linear's output on this GPU: the TP group's tokens, its output columns (whole where the weights are
+        # replicated over TP, and for a row-parallel linear's partial sums)
+        op = ops[p.op]
+        whole = op.tp_comm_after == "reduce" or op.scope == "replicated"
+        out = tokens * op.gemm[1] * p.share / (1 if whole else layout.tp) * d
+        if op_sac_saves.in_skeleton(p, skeletal):
+            kept += out
+        else:
+            extras[f"{p.op}_out"] = extras.get(f"{p.op}_out", 0.0) + out
+    dropped = sum(saved_bytes(tensors[n], model, layout, batch, seq) for n in skeletal) - kept
+    if layout.sp and layout.tp > 1:
+        extras["reduce_scattered"] = sum(tokens / layout.tp * model.hidden * d
+                                         for op in ops.values() if op.tp_comm_after == "reduce")
+    if model.moe:
+        routed = shard_tokens(layout, batch, seq) * model.top_k
+        extras["topk_values"], extras["topk_indices"] = routed * FP32_BYTES, routed * INDEX_BYTES
+        if layout.ep > 1:
+            extras["moe_combined"] = routed * model.hidden * d
+    extras["abs"] = op_sac_abs_bytes(model, layout, batch, seq)
     if layout.kernel_fusion == "compiled":
-        return dropped, 0.0
-    return dropped, (tensor_bytes(tensors["fc2"], layout, batch, seq) if gated else 0.0) + op_sac_abs_bytes(
-        model, layout, batch, seq)
+        return dropped, sum(b for n, b in extras.items() if op_sac_saves.backward_reads(n))
+    return dropped, sum(extras.values())
 
 
 def skeletal_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> dict[str, float]:

@@ -1,21 +1,21 @@
 """torchtitan's per-op selective activation checkpointing (``--activation_checkpoint.mode selective
---activation_checkpoint.selective_ac_option op``; torchtitan@9dec370 torchtitan/parallelisms/parallelize_llama.py
-``_save_list`` and ``_custom_policy``, the default of its Llama configs): each block runs under
-``torch.utils.checkpoint`` with a policy that saves the output of every ``aten.mm`` but every second one, of the
-SDPA kernels and of the reduce-scatters, and recomputes every other op before the block's backward.
+--activation_checkpoint.selective_ac_option op`` at 9dec370, ``SelectiveAC.Config()`` at b5bcd76c: the default of its
+Llama, Qwen3 and DeepSeek-V3 configs): each block runs under ``torch.utils.checkpoint`` with a policy that saves the
+outputs of every ``nn.Linear``'s GEMM but every second one, of the attention kernels, the reduce-scatters, the
+all-to-alls and topk, and re-runs every other op before the block's backward. What it saves of a layer is
+`memo_sim.cost.op_sac_saves` (the rules, read in both versions' sources) and `memo_sim.cost.activations._op_sac_bytes`
+(their bytes); this module prices the time.
 
-In a dense Llama block the linear GEMMs run in the order wq, wk, wv, wo, w1, w3, w2 (w1, w2 without a gate), so
-the outputs of wq, wv, w1 and w2 are kept and wk, wo and w3 re-run; the attention output and its log-sum-exp are
-kept; the norms, the rotary embedding (of wq's kept output and wk's re-run one), the residual adds and the
-activation re-run. Memory: store-all's skeletal bytes without ln1, k,
-h1, ln2, act and the up half of fc1, with w2's output (which store-all does not keep) added in eager PyTorch, whose
-checkpoint stores what the list names; a compiled block's partitioner saves a tagged output only where the backward
-reads it, not w2's (`memo_sim.cost.activations.OP_SAC_DROPPED`, ``_op_sac_bytes``). Time: store-all's plus, before each layer's backward, the norms (with
-their sequence-parallel all-gathers), wk's and w3's share of the fused qkv and fc1 GEMMs, the rotary op, the output
-projection (with its reduce), the residual add and the activation (`recompute_costs`). Recomputation stops after
-the last tensor the backward needs (PyTorch's non-reentrant checkpoint stops early, as at 9dec370), so the last
-residual add does not re-run (torchtitan today passes early_stop=False, which re-runs it too: one elementwise op,
-not priced). torchtitan's exports write it as ``SelectiveAC.Config()``.
+In a dense Llama block the linears run in the order wq, wk, wv, wo, w1, w3, w2, so wk, wo and w3 re-run (their
+share of memo's fused qkv and fc1 GEMMs); in latent attention wq_a, wq_b, wkv_a, wkv_b, wo re-run wq_b and wkv_b,
+and the shared experts' w1, w3, w2 after them re-run w1 and w2; the MoE router's gate and the routed experts' grouped
+GEMMs re-run whole (`memo_sim.cost.op_sac_saves`). Re-run too: the norms (with their sequence-parallel all-gathers),
+the rotary embedding, the first residual add, the activations, and a MoE block's routing scores, permutes, the
+experts' activation and the combine's weighting; the all-to-alls' and the reduce-scatters' outputs are saved, so no
+token exchange and no reduce-scatter runs again (an all-reduce of TP without sequence parallelism does). Recomputation
+stops after the last tensor the backward needs (PyTorch's non-reentrant checkpoint stops early, as at 9dec370), so
+the last residual add does not re-run (torchtitan today passes early_stop=False, which re-runs it too: one
+elementwise op, not priced). torchtitan's exports write it as ``SelectiveAC.Config()``.
 
 Under a quantised GEMM format the same linears' outputs are kept: torchao's training linears run their GEMM as
 ``torch.mm`` on tensor-subclass operands (Float8Linear's ``manual_float8_matmul_with_args_in_float8`` at eab345c and
@@ -30,51 +30,47 @@ weight copy is a rebuilt extra, not a kept one), and where the save list names a
 (`memo_sim.cost.activations.op_sac_abs_bytes`); torchtitan at b5bcd76c keeps aten.max (a scalar) and not abs. Not
 priced: the recompute's casts of the re-run GEMMs take no amax pass where the save list keeps it (priced with one).
 ``nvfp4`` is refused: torchao's NVFP4Linear runs its GEMMs as Triton kernels (nvfp4_mm_triton), no aten op the save
-list names. MoE and latent-attention blocks order their GEMMs otherwise. memo's executor does not run it (its
-registry refuses the policy in one line).
+list names. Refused too: Ulysses (torchtitan has none; its all-to-alls would be on the b5bcd76c list), a MoE token
+dispatcher other than the all-to-all (torchtitan's standard backend; the save list's DeepEP and HybridEP entries are
+not priced) and expert tensor parallelism (torchtitan has none). memo's executor does not run it (its registry
+refuses the policy in one line).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from memo_sim.cost import op_sac_saves
 from memo_sim.cost.gemm_format import cast_seconds, fp8_gather_shards, weight_use_cast_seconds
 from memo_sim.cost.layer_time import forward_costs, gemm_shape
-from memo_sim.cost.opcost import base_op_name
-from memo_sim.cost.opcost import OpCost
+from memo_sim.cost.opcost import OpCost, base_op_name
 from memo_sim.model.config import ModelConfig
 from memo_sim.model.layer_graph import forward_ops, sp_regathered
 from memo_sim.policy.recompute_modules import RecomputeModules
 from memo_sim.policy.registry import register
 
-# the ops re-run whole before a layer's backward, and the GEMMs re-run in part (their share of the fused GEMM)
-_WHOLE = ("ln1", "rope", "out_proj", "add1", "ln2", "act")
 # the quantised formats whose torchao training linears present their GEMM to the checkpoint as aten.mm (module docs)
 SUBCLASS_LINEAR_FORMATS = ("fp8-tensorwise", "fp8-rowwise", "mxfp8")
 
 
-def _rerun_shares(model: ModelConfig) -> dict[str, float]:
-    """The share of each fused GEMM the recompute re-runs: wk's of the qkv projection, w3's of a gated fc1."""
-    return {"qkv": model.kv_dim / (model.q_dim + model.kv_dim + model.v_dim),
-            "fc1": 0.5 if model.ffn_type == "swiglu" else 0.0}
-
-
 def saved_gemm_casts(model: ModelConfig, layout, batch: int, seq: int, profile) -> list[OpCost]:
-    """The casts the recompute makes again for the GEMMs whose outputs the save list keeps (wq and wv of the qkv
-    projection, w1 of a gated fc1 (all of fc1 otherwise), w2), where the framework's library saves what the casts make
-    for the GEMM's backward: the input's quantised copy (``fp8_saved_inputs``; its amax kept, so one read and one
-    write) and the weight's (``fp8_weights_saved``). None where the library keeps the high-precision tensors and casts
-    them in the backward (torchao at 36027d82), or under bf16."""
+    """The casts the recompute makes again for the GEMMs whose outputs the save list keeps (their share of each
+    linear GEMM, `memo_sim.cost.op_sac_saves.gemm_kept_shares`: wq and wv of the qkv projection, w1 of a gated fc1,
+    w2, ...), where the framework's library saves what the casts make for the GEMM's backward: the input's quantised
+    copy (``fp8_saved_inputs``; its amax kept, so one read and one write) and the weight's (``fp8_weights_saved``).
+    None where the library keeps the high-precision tensors and casts them in the backward (torchao at 36027d82), or
+    under bf16."""
     if not (model.gemm.quantised and (model.fp8_saved_inputs or model.fp8_weights_saved)):
         return []
-    share, out = _rerun_shares(model), []
+    kept_shares, out = op_sac_saves.gemm_kept_shares(model), []
     for op in forward_ops(model):
-        if op.kind != "gemm" or op.name == "out_proj" or op.scope != "tp":
+        kept = kept_shares.get(op.name, 0.0)
+        if op.kind != "gemm" or op.scope != "tp" or kept == 0:
             continue
-        kept = 1.0 - share.get(op.name, 0.0)
         m, k, n = gemm_shape(op, layout, batch, seq)
         # a column-parallel GEMM's input cast on the rank's sequence shard before its all-gather, as the forward does
-        shards = fp8_gather_shards(model, layout, False, "fwd") if op.name in sp_regathered(model) else 1
+        row = op.tp_comm_after == "reduce"
+        shards = fp8_gather_shards(model, layout, row, "fwd") if row or op.name in sp_regathered(model) else 1
         t = cast_seconds(model, profile, m * k * kept / shards, amax_fused=True) if model.fp8_saved_inputs else 0.0
         t += weight_use_cast_seconds(model, profile, k * n * kept, "recompute") if model.fp8_weights_saved else 0.0
         if t > 0:
@@ -93,16 +89,31 @@ class OpSac(RecomputeModules):
     @staticmethod
     def model_why_not(model: ModelConfig) -> str | None:
         """Why the policy cannot price ``model`` (None: it can)."""
-        if model.moe or model.mla:
-            return "op_sac is priced for dense blocks with standard attention (torchtitan's Llama order of GEMMs)"
         if model.gemm.quantised and model.gemm_format not in SUBCLASS_LINEAR_FORMATS:
             return (f"op_sac under {model.gemm_format} GEMMs is not priced: it is priced where torchao's linears run "
                     f"their GEMMs as aten.mm on tensor subclasses ({', '.join(SUBCLASS_LINEAR_FORMATS)}), which the "
                     f"save list sees; NVFP4Linear runs Triton kernels, which it does not")
         return None
 
+    @staticmethod
+    def own_layout_why_not(layout) -> str | None:
+        why = RecomputeModules.own_layout_why_not(layout)
+        if why:
+            return why
+        if layout.ulysses > 1:
+            return ("op_sac is torchtitan's per-op checkpointing, and torchtitan has no Ulysses: its save list over "
+                    "Ulysses' all-to-alls is not priced; use context parallelism (--cp) or another policy")
+        if layout.ep > 1 and layout.moe_dispatcher != "alltoall":
+            return (f"op_sac is priced with torchtitan's all-to-all token dispatch (its exchanges' outputs on the save "
+                    f"list), not the {layout.moe_dispatcher} dispatcher: use --moe-dispatcher alltoall or another "
+                    f"policy")
+        if layout.etp > 1:
+            return ("op_sac is priced for torchtitan's MoE layers, which have no expert tensor parallelism: use "
+                    "--etp 1 or another policy")
+        return None
+
     def rebuilt(self) -> tuple:
-        return ("op_sac_dropped",), _WHOLE  # its save list's complement, re-run (with the GEMMs' shares)
+        return ("op_sac_dropped",), ("save_list",)  # its save list's complement, re-run (`memo_sim.cost.op_sac_saves`)
 
     def dropped(self, sk) -> float:
         return sk.get("op_sac_dropped", 0.0) - sk.get("op_sac_extra", 0.0)  # net of w2's output, which it keeps
@@ -123,14 +134,16 @@ class OpSac(RecomputeModules):
         return tuple((n, b, True if n == "fp8_weights" else rebuilt) for n, b, rebuilt in super()._extras(sk))
 
     def recompute_costs(self, model, layout, batch, seq, profile):
-        share = _rerun_shares(model)
+        kept = op_sac_saves.gemm_kept_shares(model)
         out = []
         for c in forward_costs(model, layout, batch, seq, profile):
             name = base_op_name(c.name)  # async TP prices a GEMM in parts (`memo_sim.cost.opcost`)
-            base = c.name.split("_", 1)[1] if c.kind == "collective" and "_" in c.name else name
-            if name in _WHOLE or (c.kind == "collective" and base in ("ln1", "ln2", "out_proj")):
-                out.append(replace(c, phase="recompute"))
-            elif share.get(name):
-                f = share[name]
-                out.append(replace(c, phase="recompute", seconds=c.seconds * f, flops=c.flops * f))
+            if c.kind == "collective":  # the TP all-gathers and all-reduces; saved: reduce-scatters, all-to-alls
+                if c.name.startswith(op_sac_saves.RERUN_COLLECTIVES):
+                    out.append(replace(c, phase="recompute"))
+            elif c.kind == "attention" or name in op_sac_saves.NOT_RERUN:
+                continue
+            elif kept.get(name, 0.0) < 1.0:  # a GEMM's re-run share, or an op the list does not name
+                f = 1.0 - kept.get(name, 0.0)
+                out.append(replace(c, phase="recompute", seconds=c.seconds * f, flops=c.flops * f, nbytes=c.nbytes * f))
         return out + saved_gemm_casts(model, layout, batch, seq, profile)
