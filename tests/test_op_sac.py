@@ -47,15 +47,19 @@ def test_it_reruns_wk_wo_w3_and_the_memory_bound_ops():
     assert all(c.phase == "recompute" for c in re.values())
 
 
-def test_it_sits_between_store_all_and_full_recompute():
-    lay, prof = Layout(dp=8, zero=3, dp_mode="fsdp"), load_profile("h100-sxm5-96gb-500w")
-    res = {p: simulate(LLAMA, lay, 1, 8192, get_policy(p), prof, keep_timeline=False)
+def _assert_between_store_all_and_full_recompute(model, lay, seq, prof):
+    res = {p: simulate(model, lay, 1, seq, get_policy(p), prof, keep_timeline=False)
            for p in ("store_all", "op_sac", "full_recompute")}
     assert all(r.status == "OK" for r in res.values())
     t = {p: r.iteration_s for p, r in res.items()}
     m = {p: r.peak_gpu_bytes for p, r in res.items()}
     assert t["store_all"] < t["op_sac"] < t["full_recompute"]
     assert m["store_all"] > m["op_sac"] > m["full_recompute"]
+
+
+def test_it_sits_between_store_all_and_full_recompute():
+    _assert_between_store_all_and_full_recompute(LLAMA, Layout(dp=8, zero=3, dp_mode="fsdp"), 8192,
+                                                 load_profile("h100-sxm5-96gb-500w"))
 
 
 def test_refused_where_it_is_not_priced():
@@ -221,12 +225,5 @@ def test_torchtitan_plans_its_moe_models_with_it():
     req = dict(model=m, seq=8192, gpus=8, profile=PROF, framework="torchtitan", simulate_top=0, jobs=1)
     ans = api.whatif(api.WhatifRequest(**req))
     assert "op_sac" in {c.policy.name for c in ans.result.candidates}
-    titan = _titan("qwen3-30b-a3b")
-    lay = Layout(dp=8, zero=3, dp_mode="fsdp", ep=8)
-    res = {p: simulate(titan, lay, 1, 2048, get_policy(p), PROF, keep_timeline=False)
-           for p in ("store_all", "op_sac", "full_recompute")}
-    assert all(r.status == "OK" for r in res.values())
-    t = {p: r.iteration_s for p, r in res.items()}
-    mem = {p: r.peak_gpu_bytes for p, r in res.items()}
-    assert t["store_all"] < t["op_sac"] < t["full_recompute"]
-    assert mem["store_all"] > mem["op_sac"] > mem["full_recompute"]
+    _assert_between_store_all_and_full_recompute(_titan("qwen3-30b-a3b"), Layout(dp=8, zero=3, dp_mode="fsdp", ep=8),
+                                                 2048, PROF)
