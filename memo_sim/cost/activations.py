@@ -185,12 +185,12 @@ def _op_sac_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> t
     the checkpoint keeps in their place: the block's input, the attention output and an all-to-all's dispatched
     tokens (`kept_tensors`), and the saved linears' outputs (wq's, wv's, w1's half of a gated fc1, ...: the GEMM's
     output, latent attention's wkv_b one without the rotary part the key is concatenated with). Beyond them, in eager
-    PyTorch (the checkpoint's caching mode stores what the list names whether or not the backward reads it): the saved linears' outputs that
-    are no skeletal tensor (w2's; the output projection's under latent attention; a row-parallel one's partial sums
-    at the TP group's tokens), the reduce-scatters' outputs of sequence parallelism, the MoE combine's all-to-all
-    output (k rows of the rank's tokens) and topk's values and expert indices, and the casts' abs outputs where the
-    list keeps them (`op_sac_abs_bytes`). In a compiled block the policy only tags the graph's nodes and
-    AOTAutograd's partitioner saves a tagged output only where the backward graph reads it
+    PyTorch (the checkpoint's caching mode stores what the list names whether or not the backward reads it): the
+    saved linears' outputs that are no skeletal tensor (w2's; the output projection's under latent attention; a
+    row-parallel one's partial sums at the TP group's tokens), the reduce-scatters' outputs of sequence parallelism,
+    the MoE combine's all-to-all output (k rows of the rank's tokens) and topk's values and expert indices, and the
+    casts' abs outputs where the list keeps them (`op_sac_abs_bytes`). In a compiled block the policy only tags the
+    graph's nodes and AOTAutograd's partitioner saves a tagged output only where the backward graph reads it
     (`memo_sim.cost.op_sac_saves.backward_reads`: the combine's output and topk's indices of those)."""
     tensors = layer_tensors(model, layout.tp_mode)
     skeletal = frozenset(n for n, t in tensors.items() if t.saved and t.role != "lse")

@@ -60,6 +60,13 @@ def _op_tensors(op: OpSpec, model: ModelConfig, tp_mode: str) -> tuple:
                  for name in op.inputs + op.outputs)
 
 
+def gemm_cast_shards(op: OpSpec, model: ModelConfig, layout: Layout, phase: str) -> int:
+    """The sequence shards a layer GEMM's cast runs on (`fp8_gather_shards`): a column-parallel GEMM's input gathered
+    by sequence parallelism, a row-parallel GEMM's output gradient; 1 for any other GEMM."""
+    row = op.tp_comm_after == "reduce"
+    return fp8_gather_shards(model, layout, row, phase) if row or op.name in sp_regathered(model) else 1
+
+
 def gemm_shape(op: OpSpec, layout: Layout, batch: int, seq: int, fraction: float = 1.0) -> tuple[float, float, float]:
     """(m, k, n) of a layer GEMM's forward kernel on one GPU: m tokens (the replica's tokens of the
     sequence split; TP ranks see all of them, after SP's all-gather), k the input width and n the
@@ -103,8 +110,7 @@ def _compute_cost(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, se
         # (a compiled block takes the amax where a memory-bound kernel writes the tensor: `model.kernel_fusion`)
         # torchao's Float8 TP styles cast a gathered operand on the rank's sequence shard (`fp8_gather_shards`)
         fused = layout.kernel_fusion
-        row = op.tp_comm_after == "reduce"
-        shards = fp8_gather_shards(model, layout, row, phase) if row or op.name in sp_regathered(model) else 1
+        shards = gemm_cast_shards(op, model, layout, phase)
         t += gemm_cast_seconds(model, profile, phase, m, k, n, amax_fused_forward(model, fused, op.inputs[0]),
                                amax_fused_backward(model, fused, op.outputs[0], layout.rope != "none"),
                                fp8_input_kept(model, op.inputs[0]), weight_cast=weight_cast, input_shards=shards,

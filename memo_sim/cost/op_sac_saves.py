@@ -47,7 +47,8 @@ RERUN_COLLECTIVES = ("allgather_", "allreduce_")
 @dataclass(frozen=True)
 class LinearPart:
     """One ``nn.Linear`` of the block, in torchtitan's order: the memo GEMM op it is part of, its share of that
-    op's output width, the layer tensors it writes whole (none where it writes half of a gated fc1), and whether the save list keeps its output (its place in the count is odd)."""
+    op's output width, the layer tensors it writes whole (none where it writes half of a gated fc1), and whether the
+    save list keeps its output (its place in the count is odd)."""
 
     op: str
     share: float

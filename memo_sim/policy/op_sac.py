@@ -41,11 +41,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memo_sim.cost import op_sac_saves
-from memo_sim.cost.gemm_format import cast_seconds, fp8_gather_shards, weight_use_cast_seconds
-from memo_sim.cost.layer_time import forward_costs, gemm_shape
+from memo_sim.cost.gemm_format import cast_seconds, weight_use_cast_seconds
+from memo_sim.cost.layer_time import forward_costs, gemm_cast_shards, gemm_shape
 from memo_sim.cost.opcost import OpCost, base_op_name
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_graph import forward_ops, sp_regathered
+from memo_sim.model.layer_graph import forward_ops
 from memo_sim.policy.recompute_modules import RecomputeModules
 from memo_sim.policy.registry import register
 
@@ -69,8 +69,7 @@ def saved_gemm_casts(model: ModelConfig, layout, batch: int, seq: int, profile) 
             continue
         m, k, n = gemm_shape(op, layout, batch, seq)
         # a column-parallel GEMM's input cast on the rank's sequence shard before its all-gather, as the forward does
-        row = op.tp_comm_after == "reduce"
-        shards = fp8_gather_shards(model, layout, row, "fwd") if row or op.name in sp_regathered(model) else 1
+        shards = gemm_cast_shards(op, model, layout, "fwd")
         t = cast_seconds(model, profile, m * k * kept / shards, amax_fused=True) if model.fp8_saved_inputs else 0.0
         t += weight_use_cast_seconds(model, profile, k * n * kept, "recompute") if model.fp8_weights_saved else 0.0
         if t > 0:
