@@ -402,9 +402,6 @@ def _mds_4sci(k: int, tflops: float) -> Run:
     """Source B: one 'New Megatron-DeepSpeed' cell. The table states neither the model nor the batch; the folder's only
     TP-32 script, pretrain_gpt_30B_seq_parallel.sh (the README's 'GPT30B'), gives them."""
     seq, layers, hidden, heads, vocab, gbs = 1024 * k, 64, 6144, 64, 53248, 2
-    lay = get_framework("megatron@2023").adapt(Layout(tp=32, sp=True))
-    refusal = check_layout(lay, ModelConfig("gpt-30b", layers, hidden, heads, 4 * hidden, vocab=vocab, dtype="fp16"),
-                           32, 8, seq, gbs)
     return Run(
         f"mds4sci-tp32-{k}k", MDS_4SCI,
         f"{k}k ('k' = 1024: the script's seq_len=$(( 1024 * $n_k ))), 4 DGX A100-40GB nodes (32 GPUs), 8 x 200 Gb/s "
@@ -418,9 +415,11 @@ def _mds_4sci(k: int, tflops: float) -> Run:
         "derived step: the model and batch are the script's, not the table's)",
         framework="megatron@2023", profile="a100-sxm4-40gb", layers=layers, hidden=hidden, heads=heads, vocab=vocab,
         seq=seq, tp=32, sp=True, dp=1, global_batch=gbs, micro_batch=1, policy="full_recompute", dtype="fp16",
-        why_not=("no A100-40GB profile: hardware_profiles/ has the 80 GB part only (a100-sxm4-80gb, dgx-a100-selene: "
-                 "80 GiB, 2039 GB/s HBM; the 40 GB A100 has 40 GB and 1555 GB/s), and memo refuses the layout itself: "
-                 f"'{refusal}' (TP 32 spans the 4 nodes over InfiniBand)"))
+        schedule_source="micro-batch 1, global batch 2, one stage: pretrain_gpt_30B_seq_parallel.sh at cc3a94c6 "
+                        "(batch_size=1 as --micro-batch-size, global_batch_size=2, pp_size=1)",
+        not_modelled="FlashAttention's Triton kernel (--use-flash-attn-triton; memo prices FlashAttention-2's CUDA "
+                     "kernel on the A100 curves); TP 32's collectives over 4 nodes on NCCL's ring through the nodes' "
+                     "NICs (memo's ring model, not measured on this cluster)")
 
 
 LONG_RUNS: tuple[Run, ...] = (
@@ -1394,7 +1393,29 @@ def _titan_fsdp_text(rid: str) -> Callable[[Result], str]:
     return text
 
 
+def _mds_text(r: Result) -> str:
+    """The DeepSpeed4Science TP-32 rows: memo's attention against what the measured step leaves for it, and the
+    run's attention kernel (FlashAttention's Triton kernel) against the one memo prices."""
+    attn, gemm, comm = _titan_split(r.run)
+    left = r.run.published_s - (r.predicted_s - attn)
+    return (f"the run's attention kernel: --use-flash-attn-triton runs FlashAttention's Triton kernel of 2022 "
+            "(Megatron-DeepSpeed's megatron/model/transformer.py at cc3a94c6 imports flash_attn.flash_attn_triton's "
+            "flash_attn_func), which memo prices as FlashAttention-2's CUDA kernel on the A100 curves. The "
+            "FlashAttention-2 README's A100 chart (Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png, "
+            "causal, forward + backward) has 'FlashAttention Triton' at 80 TFLOPs/s where FlashAttention-2 reaches 171 "
+            "(head dim 64) and 189 (head dim 128) at 16K, 0.42-0.47x, and the Triton kernel pads this model's head dim "
+            "96 to 128 (flash_attn_triton.py: BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)), a third more work: "
+            f"about 2.8-3.2x memo's attention time. memo's step {r.predicted_s:.1f} s holds {attn:.1f} s of attention "
+            f"({100 * attn / r.predicted_s:.0f}%), {gemm:.1f} s of GEMMs and {comm:.1f} s of TP collectives on the "
+            f"critical path; the measured step leaves about {left:.1f} s for the attention, {left / attn:.2f}x memo's. "
+            "The error grows with the attention's share of the step (the TFLOP/s the table states stay at 92-119 from "
+            "16K to 256K). No Triton-kernel curve is priced: no profile measures it (not the chart's numbers either: "
+            "they give its ratio at 16K and below, not its curve). Also not measured: TP 32's collectives over 4 nodes "
+            "(NCCL's ring through the nodes' NICs, memo_sim/cost/collectives.py tp_params)")
+
+
 OUTLIERS.update({
+    **dict.fromkeys((f"mds4sci-tp32-{k}k" for k in (16, 32, 64, 128, 256)), _mds_text),
     "torchtitan-t2-cp1": _titan_text(_TITAN_CP, " (no CP in this row)"),
     **{f"torchtitan-t2-cp{k}": _titan_text(_TITAN_CP, _TITAN_CP_RING) for k in (2, 4, 8)},
     **{rid: _titan_fsdp_text(rid) for rid in ("torchtitan-t1-fsdp", "torchtitan-t1-fsdp-compile",
@@ -1675,6 +1696,19 @@ HISTORY = (
       "torchtitan-t3-fsdp128-compile-float8": -0.067, "torchtitan-t2-cp1": -0.127, "torchtitan-t2-cp2": -0.019,
       "torchtitan-t2-cp4": -0.262, "torchtitan-t2-cp8": -0.291, "torchtitan-t4-2d": -0.123,
       "torchtitan-t4-2d-asynctp": -0.169, "torchtitan-t5-interleaved": -0.174, "torchtitan-t6-cp4": -0.166}),
+    ("64d49dc", "2026-12-04", "before Megatron-LM's column-parallel backward under sequence parallelism ran the input "
+     "gradient's reduce-scatter beside the weight-gradient GEMM (it ran after the whole backward GEMM, and the "
+     "re-gather hid under both of its kernels, not the data gradient's alone: `layer_time._split_column_backward`)",
+     {"korthikanti-22B-selective": -0.002, "korthikanti-175B-selective": -0.042, "korthikanti-530B-selective": -0.048,
+      "korthikanti-1T-selective": 0.0, "megatron2024-7.1B": -0.154, "megatron2024-16B": -0.04,
+      "megatron2024-32B": 0.085, "moe-zoo-mixtral-8x22b-dropless": -0.122, "moe-zoo-mixtral-8x22b-forced": -0.082,
+      "moe-zoo-mixtral-8x22b-fp8-forced": -0.127, "moe-zoo-mixtral-8x22b-capacity1": -0.091,
+      "moe-folding-mixtral-8x22b": 0.069, "moe-folding-qwen2-57b": -0.082, "moe-zoo-qwen3-235b-a1-ep32": -0.127,
+      "moe-zoo-qwen3-235b-a4-pp32-alltoall": -0.262, "moe-zoo-qwen3-235b-a5-tp4": -0.452,
+      "moe-zoo-qwen3-235b-long-16k-forced": -0.096, "moe-zoo-qwen3-235b-long-16k-dropless": -0.274,
+      "moe-zoo-qwen3-235b-long-32k-forced": -0.087, "moe-zoo-qwen3-235b-long-32k-dropless": -0.245,
+      "moe-zoo-qwen3-235b-long-64k-forced": -0.069, "moe-zoo-qwen3-235b-long-64k-dropless": -0.19,
+      "moe-zoo-qwen3-235b-long-128k-forced": -0.058, "moe-zoo-qwen3-235b-long-128k-dropless": -0.135}),
 )
 
 

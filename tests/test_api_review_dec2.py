@@ -42,8 +42,9 @@ def test_estimate_iteration_refuses_a_layout_check_layout_refuses():
     assert why  # 32 heads over tp 3
     text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=3), 1, 4096, MEMO, A800))
     assert text.startswith("estimate_iteration: layout tp3") and why in text, text
-    text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=16), 1, 4096, STORE, A800))
-    assert text.startswith("estimate_iteration: layout tp16"), text  # wider than the profile's 8-GPU node
+    text = one_error(lambda: api.estimate_iteration(TOY, api.Layout(tp=12), 1, 4096, STORE, A800))
+    # wider than the profile's 8-GPU node and not whole nodes (TP 16, two whole nodes, is priced)
+    assert text.startswith("estimate_iteration: layout tp12") and "must divide the 8 GPUs" in text, text
 
 
 @pytest.mark.parametrize("degree", ["tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp"])

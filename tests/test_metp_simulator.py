@@ -261,7 +261,11 @@ def test_layout_vocabulary_and_validity():
     wide = Layout(tp=16, tp_mode="metp")
     assert "inside a node" in check_layout(wide, m, 16, 8, 64 * K)
     assert check_layout(wide, m, 16, 8, 64 * K, metp_across_nodes=True) is None
-    assert "inside a node" in check_layout(Layout(tp=16), m, 16, 8, 64 * K, metp_across_nodes=True)
+    # Megatron TP over two whole nodes is valid (its collectives priced on the nodes' NICs: test_tp_across_nodes.py);
+    # a degree that is neither a divisor of the node nor whole nodes is not
+    assert check_layout(Layout(tp=16), m, 16, 8, 64 * K) is None
+    assert "inside a node" in check_layout(Layout(tp=12), replace(m, heads=24, hidden=3072), 12, 8, 64 * K,
+                                            metp_across_nodes=True)
     valid, _ = enumerate_layouts(m, 8, 8, 64 * K)
     assert valid and all(lay.tp_mode == "megatron" for lay in valid)  # METP only when asked
     valid, _ = enumerate_layouts(m, 8, 8, 64 * K, tp_modes=("metp",))

@@ -154,18 +154,17 @@ def mtp_projection_comm(model: ModelConfig, layout: Layout, toks: float, profile
     if tp == 1:
         return 0.0, 0.0
     row = toks * model.hidden * DTYPE_BYTES[model.dtype]  # one [T, h] tensor of the micro-batch, all ranks' rows
-    link = coll.layout_group_link(profile, layout, tp, 1)
 
     def gather(nbytes: float) -> float:
-        return coll.ring_allgather_time(nbytes, tp, *coll.link_params(link, "all_gather"))
+        return coll.ring_allgather_time(nbytes, tp, *coll.tp_params(profile, layout, "all_gather"))
 
     if layout.sp:
-        scatter = coll.ring_reduce_scatter_time(2 * row, tp, *coll.link_params(link, "reduce_scatter"))
+        scatter = coll.ring_reduce_scatter_time(2 * row, tp, *coll.tp_params(profile, layout, "reduce_scatter"))
         regather = 0.0 if layout.sp_input_kept else gather(2 * row)
         if layout.sp_regather_overlap:
             regather = max(0.0, regather - beside)
         return gather(2 * row) + gather(row), gather(row) + regather + scatter
-    return gather(row), coll.allreduce_time(2 * row, tp, *coll.link_params(link, "all_reduce"))
+    return gather(row), coll.allreduce_time(2 * row, tp, *coll.tp_params(profile, layout, "all_reduce"))
 
 
 def cross_entropy_bytes_per_logit(kernel: str, dtype_bytes: int) -> float:

@@ -135,6 +135,16 @@ def layout_group_link(profile: HardwareProfile, layout: Layout, size: int, strid
     return profile.internode if layout_group_spans(layout, size, stride, profile.node_gpus) else profile.nvlink
 
 
+def tp_params(profile: HardwareProfile, layout: Layout, collective: str) -> tuple[float, float]:
+    """(bandwidth, latency) that price the layout's tensor-parallel ``collective`` (``tp`` consecutive ranks): NVLink's
+    inside a node; for a TP group over whole nodes (Megatron-LM runs one wherever --tensor-model-parallel-size
+    exceeds a node, as 'TP size=32' over 4 nodes), NCCL's ring over the group (`ring_params`): through the group's
+    ranks on a node over NVLink, across nodes on their share of the node's NICs."""
+    link = layout_group_link(profile, layout, layout.tp, 1)
+    nr = group_node_ranks(layout, layout.tp, 1, profile) if link is profile.internode else 1
+    return ring_params(profile, link, collective, nr)
+
+
 def alltoall_rank_time(size: float, g: int, local: int, profile: HardwareProfile) -> float:
     """One rank's all-to-all of ``size`` bytes over a group of ``g`` ranks, ``local`` of them (itself included) on
     its node: the ``local - 1`` peers' shares over NVLink and the ``g - local`` others' over the inter-node link, at

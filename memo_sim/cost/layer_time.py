@@ -171,7 +171,6 @@ def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, s
     if layout.tp == 1 or op.tp_comm_after is None:
         return None
     size = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype] * fraction
-    link = coll.layout_group_link(profile, layout, layout.tp, 1)
     if layout.sp:
         # forward: all-gather before a column-parallel gemm, reduce-scatter after a row-parallel one;
         # backward swaps them.
@@ -182,13 +181,14 @@ def _tp_collective(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, s
             # norm; backward, a row-parallel GEMM's output gradient
             size = model.gemm.quantised_bytes(size / DTYPE_BYTES[model.dtype]) / max(1, model.gemm.copies)
         name = ("allgather" if gather else "reducescatter") + f"_{op.name}"
-        t = coll.ring_allgather_time(size, layout.tp, *coll.link_params(link, "all_gather" if gather else "reduce_scatter"))
+        t = coll.ring_allgather_time(size, layout.tp,
+                                     *coll.tp_params(profile, layout, "all_gather" if gather else "reduce_scatter"))
     else:
         # forward: all-reduce after the row-parallel gemms; backward: after the column-parallel ones
         if (op.tp_comm_after == "reduce") == (phase == "bwd"):
             return None
         name = f"allreduce_{op.name}"
-        t = coll.allreduce_time(size, layout.tp, *coll.link_params(link, "all_reduce"))
+        t = coll.allreduce_time(size, layout.tp, *coll.tp_params(profile, layout, "all_reduce"))
     return OpCost(name, "collective", phase, "comm", t, nbytes=size)
 
 
@@ -198,15 +198,14 @@ def _sp_regather(op: OpSpec, model: ModelConfig, layout: Layout, batch: int, seq
     its backward all-gathers it again for the weight gradient (`layer_graph.sp_regathered`): before the
     GEMM's backward, on the critical path as the layer's other TP collectives (memo's executor), or
     beside it where the framework issues it asynchronously next to the data-gradient GEMM
-    (``layout.sp_regather_overlap``: Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication;
-    memo's backward GEMM op is the data and weight gradients together, so the gather may hide under
-    both). Megatron's reduce-scatter beside the weight gradient is not modelled. None where the layout keeps the
-    gathered input for the weight gradient (``layout.sp_input_kept``: torch's ColwiseParallel)."""
+    (``layout.sp_regather_overlap``: Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication, whose GEMM
+    memo then prices as its two kernels, `_split_column_backward`: the data-gradient half beside the gather, the
+    input gradient's reduce-scatter beside the other). None where the layout keeps the gathered input for the weight
+    gradient (``layout.sp_input_kept``: torch's ColwiseParallel)."""
     if layout.tp == 1 or not layout.sp or layout.sp_input_kept or op.name not in sp_regathered(model):
         return []
     size = tokens_per_gpu(layout, batch, seq) * model.hidden * DTYPE_BYTES[model.dtype]
-    link = coll.layout_group_link(profile, layout, layout.tp, 1)
-    t = coll.ring_allgather_time(size, layout.tp, *coll.link_params(link, "all_gather"))
+    t = coll.ring_allgather_time(size, layout.tp, *coll.tp_params(profile, layout, "all_gather"))
     return [OpCost(f"allgather_{op.name}_input", "collective", "bwd", "comm", t, nbytes=size,
                    overlaps=1 if layout.sp_regather_overlap else 0)]
 
@@ -379,6 +378,28 @@ def _async_pair(c: OpCost, op: OpSpec, model: ModelConfig, layout: Layout, batch
     return [*head, replace(c, overlaps=1), rest, last, *tail]
 
 
+def _gathering_norms(model: ModelConfig) -> dict[str, str]:
+    """The tensors sequence parallelism all-gathers before column-parallel GEMMs, each by the op (a norm) whose
+    output it is and after which the forward gathers it (``tp_comm_after == "gather"``)."""
+    return {o: op.name for op in forward_ops(model) if op.tp_comm_after == "gather" for o in op.outputs}
+
+
+def _split_column_backward(cost: OpCost) -> list[OpCost]:
+    """A column-parallel GEMM's backward under sequence parallelism as Megatron-LM runs it
+    (megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward at d98e8a64,
+    ``layout.sp_regather_overlap``): the input's re-gather issued asynchronously before the data-gradient matmul and
+    waited for right after it, then the input gradient's reduce-scatter issued asynchronously ('scheduled before the
+    weight gradient computation') and waited for after the weight-gradient matmul. So the GEMM's two kernels (half
+    of memo's backward GEMM each, `GEMM_BWD_FACTOR`) apart: the re-gather (`_sp_regather`, a side op before it) runs
+    beside the data gradient, the reduce-scatter `_ops_with_comm` places before ``<name>_wgrad`` beside the weight
+    gradient, and the norm's backward after them waits for it."""
+    part = 1.0 / GEMM_BWD_FACTOR
+    dgrad = replace(cost, seconds=cost.seconds * part, flops=cost.flops * part, nbytes=cost.nbytes * part)
+    wgrad = replace(cost, name=f"{cost.name}_wgrad", seconds=cost.seconds * (1 - part), flops=cost.flops * (1 - part),
+                    nbytes=cost.nbytes * (1 - part))
+    return [dgrad, wgrad]
+
+
 def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch: int, seq: int,
                    profile: HardwareProfile, phase: str, fraction: float = 1.0) -> list[OpCost]:
     out: list[OpCost] = []
@@ -397,6 +418,14 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
     asyn = flavour.async_collectives and layout.tp > 1
     feeds: OpCost | None = None  # a collective waiting for the next GEMM (async TP)
     gemm_at: tuple[int, OpSpec] | None = None  # where the last unpaired GEMM's op lies in ``out`` (async TP)
+    # Megatron-LM's column-parallel backward under SP (`_split_column_backward`): each re-gathered GEMM's data and
+    # weight gradients apart, and where a norm's reduce-scatter follows, the last such GEMM before it (by the norm's
+    # name) whose weight gradient it runs beside
+    split = (phase == "bwd" and not asyn and layout.sp_regather_overlap and layout.sp and layout.tp > 1
+             and not layout.sp_input_kept and not layout.ep_overlap)
+    regathered = sp_regathered(model) if split else frozenset()
+    norm_of = _gathering_norms(model) if split else {}
+    wgrad_at: dict[str, int] = {}  # a norm's name -> the index in ``out`` of its last split GEMM's weight gradient
     for k, op in enumerate(ops):
         group = flavour.group_of(op.name)
         if group is not None:
@@ -432,7 +461,11 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
             cost = _compute_cost(op, model, layout, batch, seq, profile, phase, fraction)
             if op.name == "rope" and cost.seconds == 0.0:  # no rotary op run (rope none, learned positions)
                 continue
-            out += _cp_gathered(cost, model, layout, batch, seq, profile) if gathered else [cost]
+            if op.name in regathered:
+                out += _split_column_backward(cost)
+                wgrad_at[norm_of[op.inputs[0]]] = len(out) - 1
+            else:
+                out += _cp_gathered(cost, model, layout, batch, seq, profile) if gathered else [cost]
         if op.kind == "attention" and layout.cp > 1 and ring_attention.applies(model, layout, seq):
             merge = ring_attention.ring_merge_cost(model, layout, batch, seq, profile, phase, fraction)
             if merge is not None:  # the ring's merge / accumulation passes (`memo_sim.layout.ring_merge`)
@@ -444,7 +477,9 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
         c = None if op.name in free else _tp_collective(op, model, layout, batch, seq, profile, phase, fraction)
         if c is None:
             continue
-        if not asyn:
+        if op.name in wgrad_at:  # the norm's reduce-scatter beside its GEMM's weight gradient (`_split_column_backward`)
+            out.insert(wgrad_at.pop(op.name), replace(c, overlaps=1))
+        elif not asyn:
             out.append(c)
         elif gemm_at is not None and op.kind == "gemm" and gemm_at[1] is op:  # not yet paired (above)
             # the GEMM's own collective (forward: the row-parallel GEMM's reduce-scatter; backward: the

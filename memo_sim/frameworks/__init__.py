@@ -33,7 +33,8 @@ policies, and how it runs what the simulator models as a switch
   positions); priced for models with rotary positions (`memo_sim.model.rope_kernels`);
 - ``sp_regather_overlap`` (optional, default false): under sequence parallelism the backward all-gathers
   a column-parallel GEMM's input again for its weight gradient; true where the framework issues that
-  all-gather asynchronously beside the data-gradient GEMM (`memo_sim.layout.parallel`);
+  all-gather asynchronously beside the data-gradient GEMM, and the input gradient's reduce-scatter beside the
+  weight-gradient GEMM (Megatron-LM's and TransformerEngine's linears; `memo_sim.layout.parallel`);
 - ``sp_input_kept`` (optional, default false): true where the column-parallel GEMMs keep the all-gathered input for
   their weight gradients instead (torch's ColwiseParallel: no backward re-gather, the full-length tensor saved;
   `memo_sim.layout.parallel`);

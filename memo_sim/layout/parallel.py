@@ -31,8 +31,10 @@ holds 1/p of the tokens, the W_in / W_out blocks travel a ring by send/recv) bes
 attention; ``metp`` also runs the attention as METP's two-level scheme (outer loop over p head
 groups whose W_qkv / W_proj blocks are broadcast, inner ring of K/V blocks). METP shards every
 activation over the TP ranks like Megatron SP, so it requires ``sp=True``; the rest of its rules
-are `memo_sim.tp.metp_ffn` and `memo_sim.tp.metp`. Here: the TP group stays inside a node unless
-``metp_across_nodes`` allows a ring flavour's group over whole nodes.
+are `memo_sim.tp.metp_ffn` and `memo_sim.tp.metp`. Here: a TP group divides a node, or is whole nodes where
+its flavour spans nodes (``TPFlavour.spans_nodes``: Megatron TP, whose collectives then run over the nodes' NICs;
+the search tries such a degree only where the user fixes it, ``--tp``) or ``metp_across_nodes`` allows a ring
+flavour's group over whole nodes.
 
 Attention kernel (``attention``, `memo_sim.cost.attention_kernel`): ``flash`` (default) or
 ``materialised`` (Megatron-LM before FlashAttention: the whole s x s score matrix per head on one
@@ -102,8 +104,9 @@ returns to the cache only when the host sees the collective done: with the CPU r
 the GPU, at the next device synchronisation (`memo_sim.memplan.iteration_replay`). Left out of
 `Layout.to_dict` when off. ``sp_regather_overlap``: under sequence parallelism the backward of a
 column-parallel GEMM all-gathers its input again for the weight gradient (`cost.layer_time`);
-Megatron-LM issues that all-gather asynchronously beside the data-gradient GEMM (True), memo's
-executor before it (False, left out of `Layout.to_dict`). ``sp_input_kept``: under sequence parallelism the
+Megatron-LM issues that all-gather asynchronously beside the data-gradient GEMM and then the input gradient's
+reduce-scatter beside the weight-gradient GEMM (True: `memo_sim.cost.layer_time._split_column_backward`), memo's
+executor each before the GEMM that needs it (False, left out of `Layout.to_dict`). ``sp_input_kept``: under sequence parallelism the
 column-parallel GEMMs keep the all-gathered input for their weight gradients, so the backward gathers nothing again
 and the layer keeps the full-length tensor in place of its shard (torch's ColwiseParallel over a PrepareModuleInput
 that all-gathers to Replicate: autograd saves the linear's gathered input; True, torchtitan's data;
@@ -223,7 +226,7 @@ class Layout:
     nccl_record_stream: bool = False  # collective buffers held by recordStream until a synchronisation
     kernel_fusion: str = "fused"  # memory-bound kernels: fused | compiled (torch.compile; `model.kernel_fusion`)
     rope: str = "none"  # the rotary embedding's kernels: none | fused | hf | complex (`memo_sim.model.rope_kernels`)
-    sp_regather_overlap: bool = False  # SP's backward re-gather beside the data-gradient GEMM (module docs)
+    sp_regather_overlap: bool = False  # SP's backward re-gather beside dgrad, its reduce-scatter beside wgrad (docs)
     sp_input_kept: bool = False  # SP's gathered GEMM inputs saved for the weight gradients, no re-gather (module docs)
     ring_merge: str = "none"  # ring CP's passes beside its kernels: none | torch_cp (`memo_sim.layout.ring_merge`)
     ulysses_kv: str = "minimal"  # K/V heads before Ulysses' all-to-all: minimal | query_heads (`layout.kv_heads`)
@@ -1023,10 +1026,13 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
     why = flavour.check(layout, model)
     if why:
         return why
-    across = metp_across_nodes and layout.metp and layout.tp > gpus_per_node and layout.tp % gpus_per_node == 0
-    if not tp_inside_nodes(layout.tp, gpus, gpus_per_node) and not across:
+    whole_nodes = layout.tp > gpus_per_node and layout.tp % gpus_per_node == 0
+    if whole_nodes and not tp_inside_nodes(layout.tp, gpus, gpus_per_node) and not (
+            flavour.spans_nodes or (metp_across_nodes and layout.metp)):
+        return f"tp={layout.tp} spans {layout.tp // gpus_per_node} nodes: {flavour.across_nodes_refusal}"
+    if not whole_nodes and not tp_inside_nodes(layout.tp, gpus, gpus_per_node):
         return (f"tp={layout.tp} must divide the {gpus_per_node} GPUs of a node, or the {gpus} GPUs fit in one node "
-                f"(TP stays inside a node)")
+                f"(TP stays inside a node), or be a multiple of {gpus_per_node} (a TP group over whole nodes)")
     if model.heads % (layout.tp * layout.ulysses):
         return f"heads ({model.heads}) not divisible by tp x ulysses ({layout.tp * layout.ulysses})"
     why = kv_heads_why_not(layout.tp, layout.ulysses, model.n_kv_heads, layout.ulysses_kv)  # `layout.kv_heads`

@@ -1088,6 +1088,8 @@ def not_searched(gpus: int, policies: tuple[str, ...] | None, framework: str, fi
         out.append(f"tensor-parallel flavours other than {fixed['tp_mode']} (--tp-mode all)")
     if not fixed.get("metp_across_nodes"):
         out.append("METP rings across nodes (--metp-across-nodes)")
+    if fixed.get("tp") is None:  # the search keeps TP inside a node; a degree of whole nodes is priced where fixed
+        out.append("Megatron TP over whole nodes (--tp, a multiple of a node's GPUs)")
     out.append(f"more than {gpus} GPU{'s' if gpus != 1 else ''} (--gpus) or a shorter sequence (memo-sim maxseq "
                f"finds the longest that fits)")
     return out

@@ -32,6 +32,9 @@ class AsyncTP(TPFlavour):
     min_tp = 2
     async_collectives = True
     executor = False
+    spans_nodes = False
+    across_nodes_refusal = ("memo prices async TP's decomposed collectives as copies between the GPUs of one node "
+                            "(symmetric memory over NVLink), not over the inter-node links")
 
     def check(self, layout, model) -> str | None:
         if layout.tp < self.min_tp:

@@ -39,6 +39,11 @@ class TPFlavour:
     # `memo_sim.tp.async_tp`; priced in `memo_sim.cost.layer_time`)
     async_collectives: bool = False
     executor: bool = True  # the executor runs it (`memo_exec.distributed.tp`); False: it refuses the plan in one line
+    # a group over whole nodes is valid (`memo_sim.layout.parallel.check_layout`): Megatron-LM's collectives are NCCL's
+    # over any group (priced on the nodes' NICs, `memo_sim.cost.collectives.tp_params`); a ring flavour spans nodes
+    # only where the search is asked to (--metp-across-nodes), another flavour says why not (``across_nodes_refusal``)
+    spans_nodes: bool = True
+    across_nodes_refusal: str = ""
 
     @property
     def runs_rings(self) -> bool:

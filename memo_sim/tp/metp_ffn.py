@@ -19,6 +19,8 @@ class MetpFfn(TPFlavour):
     comm_buffer_prefixes = FFN_RING_BUFFERS
     requires_sp = True
     min_tp = 2
+    spans_nodes = False  # a ring over whole nodes only where asked (--metp-across-nodes)
+    across_nodes_refusal = "a METP ring stays inside a node unless --metp-across-nodes lets it span whole nodes"
 
     def label(self, layout) -> str:
         return f"tp{layout.tp}+{self.name}"
