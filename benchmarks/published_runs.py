@@ -1709,6 +1709,11 @@ HISTORY = (
       "moe-zoo-qwen3-235b-long-32k-forced": -0.087, "moe-zoo-qwen3-235b-long-32k-dropless": -0.245,
       "moe-zoo-qwen3-235b-long-64k-forced": -0.069, "moe-zoo-qwen3-235b-long-64k-dropless": -0.19,
       "moe-zoo-qwen3-235b-long-128k-forced": -0.058, "moe-zoo-qwen3-235b-long-128k-dropless": -0.135}),
+    ("d86a720", "2026-12-05", "before Megatron-LM's column-parallel backward with TP alone ran the input gradient's "
+     "all-reduce beside the weight-gradient GEMM (megatron@2022's async_grad_allreduce; it ran after the whole "
+     "backward GEMM)",
+     {"korthikanti-22B-full": 0.046, "korthikanti-175B-full": 0.007, "korthikanti-530B-full": 0.021,
+      "korthikanti-1T-full": 0.026}),
 )
 
 

@@ -595,7 +595,10 @@ def test_70b_on_8_gpus_exports_megatrons_optimizer_offload_plan(tmp_path):
     assert plan.layout.optimizer_offload and plan.layout.zero == 3
     i = ex.instead
     assert i is not None and i["peak_gpu_bytes"] < 78 * 2**30 and "optim-offload" in i["label"], i
-    assert "It gives up" in out and "model_states needs" not in out
+    # what it gives up, or gains where Megatron-LM's own mechanisms (its SP collectives beside the backward GEMMs) run
+    # the framework's plan faster than memo's executor runs memo's (0.3% here since 2026-12-05)
+    assert ("It gives up" in out) == (i["iteration_s"] >= i["plan_iteration_s"]), out
+    assert "model_states needs" not in out
     script = (tmp_path / "megatron" / "megatron.sh").read_text()
     assert "--optimizer-cpu-offload" in script and "--use-distributed-optimizer" in script
 

@@ -49,3 +49,17 @@ def test_async_tp_and_kept_inputs_are_not_split():
     async_tp = backward_costs(MODEL, Layout(tp=8, sp=True, tp_mode="async_tp", sp_regather_overlap=True), 1, 8192,
                               PROF)
     assert all(c.name != "reducescatter_ln2" or c.overlaps == 0 for c in async_tp)
+
+
+def test_tp_alone_runs_the_input_gradients_all_reduce_beside_the_weight_gradient():
+    # megatron/mpu/layers.py at bbab79f869: without SP, async_grad_allreduce issues the all-reduce of the input
+    # gradient before the weight-gradient matmul (on unless --no-async-tensor-model-parallel-allreduce)
+    off = backward_costs(MODEL, Layout(tp=8, sp=False), 1, 8192, PROF)
+    on = backward_costs(MODEL, Layout(tp=8, sp=False, sp_regather_overlap=True), 1, 8192, PROF)
+    names = [c.name for c in on]
+    by = {c.name: c.seconds for c in off}
+    for gemm, norm in (("fc1", "ln2"), ("qkv", "ln1")):
+        i = names.index(gemm)
+        assert names[i + 1] == f"allreduce_{norm}" and on[i + 1].overlaps == 1 and names[i + 2] == f"{gemm}_wgrad"
+    hidden = sum(min(by[f"allreduce_{n}"], by[g] / 2) for g, n in (("fc1", "ln2"), ("qkv", "ln1")))
+    assert critical_time(on) == pytest.approx(critical_time(off) - hidden)

@@ -385,14 +385,16 @@ def _gathering_norms(model: ModelConfig) -> dict[str, str]:
 
 
 def _split_column_backward(cost: OpCost) -> list[OpCost]:
-    """A column-parallel GEMM's backward under sequence parallelism as Megatron-LM runs it
-    (megatron/core/tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward at d98e8a64,
-    ``layout.sp_regather_overlap``): the input's re-gather issued asynchronously before the data-gradient matmul and
-    waited for right after it, then the input gradient's reduce-scatter issued asynchronously ('scheduled before the
-    weight gradient computation') and waited for after the weight-gradient matmul. So the GEMM's two kernels (half
-    of memo's backward GEMM each, `GEMM_BWD_FACTOR`) apart: the re-gather (`_sp_regather`, a side op before it) runs
-    beside the data gradient, the reduce-scatter `_ops_with_comm` places before ``<name>_wgrad`` beside the weight
-    gradient, and the norm's backward after them waits for it."""
+    """A column-parallel GEMM's backward as Megatron-LM runs it (megatron/core/tensor_parallel/layers.py
+    LinearWithGradAccumulationAndAsyncCommunication.backward at d98e8a64, ``layout.sp_regather_overlap``): under
+    sequence parallelism the input's re-gather issued asynchronously before the data-gradient matmul and waited for
+    right after it, then the input gradient's reduce-scatter issued asynchronously ('scheduled before the weight
+    gradient computation') and waited for after the weight-gradient matmul; with TP alone the input gradient's
+    all-reduce so (``allreduce_dgrad``; ``async_grad_allreduce`` in megatron/mpu/layers.py at bbab79f869, on unless
+    --no-async-tensor-model-parallel-allreduce). So the GEMM's two kernels (half of memo's backward GEMM each,
+    `GEMM_BWD_FACTOR`) apart: the re-gather (`_sp_regather`, a side op before it) runs beside the data gradient, the
+    reduce-scatter or all-reduce `_ops_with_comm` places before ``<name>_wgrad`` beside the weight gradient, and the
+    norm's backward after them waits for it."""
     part = 1.0 / GEMM_BWD_FACTOR
     dgrad = replace(cost, seconds=cost.seconds * part, flops=cost.flops * part, nbytes=cost.nbytes * part)
     wgrad = replace(cost, name=f"{cost.name}_wgrad", seconds=cost.seconds * (1 - part), flops=cost.flops * (1 - part),
@@ -418,11 +420,12 @@ def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch:
     asyn = flavour.async_collectives and layout.tp > 1
     feeds: OpCost | None = None  # a collective waiting for the next GEMM (async TP)
     gemm_at: tuple[int, OpSpec] | None = None  # where the last unpaired GEMM's op lies in ``out`` (async TP)
-    # Megatron-LM's column-parallel backward under SP (`_split_column_backward`): each re-gathered GEMM's data and
-    # weight gradients apart, and where a norm's reduce-scatter follows, the last such GEMM before it (by the norm's
-    # name) whose weight gradient it runs beside
-    split = (phase == "bwd" and not asyn and layout.sp_regather_overlap and layout.sp and layout.tp > 1
-             and not layout.sp_input_kept and not layout.ep_overlap)
+    # Megatron-LM's column-parallel backward (`_split_column_backward`): each GEMM that reads a norm's gathered (SP)
+    # or replicated (TP alone) output with its data and weight gradients apart, and where the norm's reduce-scatter
+    # (SP) or all-reduce (TP alone) follows, the last such GEMM before it (by the norm's name) whose weight gradient
+    # it runs beside
+    split = (phase == "bwd" and not asyn and layout.sp_regather_overlap and layout.tp > 1
+             and not (layout.sp and layout.sp_input_kept) and not layout.ep_overlap)
     regathered = sp_regathered(model) if split else frozenset()
     norm_of = _gathering_norms(model) if split else {}
     wgrad_at: dict[str, int] = {}  # a norm's name -> the index in ``out`` of its last split GEMM's weight gradient

@@ -33,8 +33,9 @@ policies, and how it runs what the simulator models as a switch
   positions); priced for models with rotary positions (`memo_sim.model.rope_kernels`);
 - ``sp_regather_overlap`` (optional, default false): under sequence parallelism the backward all-gathers
   a column-parallel GEMM's input again for its weight gradient; true where the framework issues that
-  all-gather asynchronously beside the data-gradient GEMM, and the input gradient's reduce-scatter beside the
-  weight-gradient GEMM (Megatron-LM's and TransformerEngine's linears; `memo_sim.layout.parallel`);
+  all-gather asynchronously beside the data-gradient GEMM, and the input gradient's reduce-scatter (with TP alone its
+  all-reduce) beside the weight-gradient GEMM (Megatron-LM's and TransformerEngine's linears;
+  `memo_sim.layout.parallel`);
 - ``sp_input_kept`` (optional, default false): true where the column-parallel GEMMs keep the all-gathered input for
   their weight gradients instead (torch's ColwiseParallel: no backward re-gather, the full-length tensor saved;
   `memo_sim.layout.parallel`);
@@ -590,7 +591,7 @@ def mechanism_changes(mine: Layout, theirs: Layout, profile) -> list[str]:
             "replicate_fsdp": theirs.zero > 0, "reduce_bucket": theirs.zero < 2,
             "fsdp_copies": theirs.zero < 3 or theirs.dp_mode != "fsdp" or theirs.state_shards < 2,
             "optimizer_impl": theirs.optimizer_offload,
-            "sp_regather_overlap": not (theirs.tp > 1 and theirs.sp) or theirs.sp_input_kept,
+            "sp_regather_overlap": theirs.tp == 1 or (theirs.sp and theirs.sp_input_kept),
             "sp_input_kept": not (theirs.tp > 1 and theirs.sp),
             "attention": theirs.runs_blocks() or eff.priced_attention_kernel(mine.attention)
             == eff.priced_attention_kernel(theirs.attention),

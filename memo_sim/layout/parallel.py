@@ -105,8 +105,9 @@ the GPU, at the next device synchronisation (`memo_sim.memplan.iteration_replay`
 `Layout.to_dict` when off. ``sp_regather_overlap``: under sequence parallelism the backward of a
 column-parallel GEMM all-gathers its input again for the weight gradient (`cost.layer_time`);
 Megatron-LM issues that all-gather asynchronously beside the data-gradient GEMM and then the input gradient's
-reduce-scatter beside the weight-gradient GEMM (True: `memo_sim.cost.layer_time._split_column_backward`), memo's
-executor each before the GEMM that needs it (False, left out of `Layout.to_dict`). ``sp_input_kept``: under sequence parallelism the
+reduce-scatter beside the weight-gradient GEMM, and with TP alone the input gradient's all-reduce so (True:
+`memo_sim.cost.layer_time._split_column_backward`), memo's executor each before the GEMM that needs it (False, left
+out of `Layout.to_dict`). ``sp_input_kept``: under sequence parallelism the
 column-parallel GEMMs keep the all-gathered input for their weight gradients, so the backward gathers nothing again
 and the layer keeps the full-length tensor in place of its shard (torch's ColwiseParallel over a PrepareModuleInput
 that all-gathers to Replicate: autograd saves the linear's gathered input; True, torchtitan's data;
