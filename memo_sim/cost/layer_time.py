@@ -395,11 +395,16 @@ def _split_column_backward(cost: OpCost) -> list[OpCost]:
     `GEMM_BWD_FACTOR`) apart: the re-gather (`_sp_regather`, a side op before it) runs beside the data gradient, the
     reduce-scatter or all-reduce `_ops_with_comm` places before ``<name>_wgrad`` beside the weight gradient, and the
     norm's backward after them waits for it."""
+    return list(backward_kernels(cost))
+
+
+def backward_kernels(cost: OpCost, dgrad_suffix: str = "") -> tuple[OpCost, OpCost]:
+    """A GEMM's backward ``cost`` as its two kernels (`GEMM_BWD_FACTOR`, each of the forward's FLOPs): the data
+    gradient (named ``<name><dgrad_suffix>``) and the weight gradient (``<name>_wgrad``), an equal share each."""
     part = 1.0 / GEMM_BWD_FACTOR
-    dgrad = replace(cost, seconds=cost.seconds * part, flops=cost.flops * part, nbytes=cost.nbytes * part)
-    wgrad = replace(cost, name=f"{cost.name}_wgrad", seconds=cost.seconds * (1 - part), flops=cost.flops * (1 - part),
-                    nbytes=cost.nbytes * (1 - part))
-    return [dgrad, wgrad]
+    share = lambda f: dict(seconds=cost.seconds * f, flops=cost.flops * f, nbytes=cost.nbytes * f)  # noqa: E731
+    return (replace(cost, name=f"{cost.name}{dgrad_suffix}", **share(part)),
+            replace(cost, name=f"{cost.name}_wgrad", **share(1 - part)))
 
 
 def _ops_with_comm(ops: list[OpSpec], model: ModelConfig, layout: Layout, batch: int, seq: int,

@@ -45,10 +45,10 @@ Hopper (training/arguments.py); CUDA graphs of the merged steps.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Callable
 
 from memo_sim.cost.opcost import OpCost
+from memo_sim.cost.layer_time import backward_kernels
 
 FWD_SEGMENTS = ("pre", "dispatch", "mlp", "combine", "post")  # a forward chain's segments, in chain order
 BWD_SEGMENTS = ("post", "combine", "mlp", "dispatch", "pre")  # a backward chain's, in chain order
@@ -89,9 +89,9 @@ def delay_weight_grads(mlp: list[OpCost]) -> tuple[list[OpCost], list[OpCost]]:
     dgrad, wgrad = [], []
     for c in mlp:
         if c.kind == "gemm" and c.stream == "compute":
-            half = dict(seconds=c.seconds / 2, flops=c.flops / 2, nbytes=c.nbytes / 2)
-            dgrad.append(replace(c, name=f"{c.name}_dgrad", **half))
-            wgrad.append(replace(c, name=f"{c.name}_wgrad", **half))
+            d, w = backward_kernels(c, "_dgrad")
+            dgrad.append(d)
+            wgrad.append(w)
         else:
             dgrad.append(c)
     return dgrad, wgrad
