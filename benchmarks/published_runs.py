@@ -110,6 +110,10 @@ class Run:
     # how the run builds its memory-bound kernels where it differs from its framework's (`Layout.kernel_fusion`:
     # torchtitan@2024-12's eager rows, run without --training.compile; None: the framework's)
     kernel_fusion: str | None = None
+    # layout settings the run's launch line sets otherwise than its framework's data does, (Layout field, value) pairs:
+    # Megatron-DeepSpeed's --use-flash-attn-triton (attention flash_triton), a Megatron-LM run without
+    # --overlap-grad-reduce (grad_overlap False)
+    launch: tuple[tuple[str, object], ...] = ()
     tp_mode: str = "megatron"  # the TP flavour (`memo_sim.tp`: torchtitan's AsyncTP rows run async_tp)
     first_stage_layers: int = 0  # uneven pipeline stages: the first and last ranks' layers (0: even)
     last_stage_layers: int = 0
@@ -154,6 +158,7 @@ class Run:
             reshard_after_forward=self.reshard_after_forward, tp_mode=self.tp_mode,
             first_stage_layers=self.first_stage_layers, last_stage_layers=self.last_stage_layers,
             chunk_layers=self.chunk_layers))
+        lay = replace(lay, **dict(self.launch)) if self.launch else lay
         return replace(lay, kernel_fusion=self.kernel_fusion) if self.kernel_fusion else lay
 
     def schedule(self) -> str | None:
@@ -415,11 +420,13 @@ def _mds_4sci(k: int, tflops: float) -> Run:
         "derived step: the model and batch are the script's, not the table's)",
         framework="megatron@2023", profile="a100-sxm4-40gb", layers=layers, hidden=hidden, heads=heads, vocab=vocab,
         seq=seq, tp=32, sp=True, dp=1, global_batch=gbs, micro_batch=1, policy="full_recompute", dtype="fp16",
+        launch=(("attention", "flash_triton"),),
         schedule_source="micro-batch 1, global batch 2, one stage: pretrain_gpt_30B_seq_parallel.sh at cc3a94c6 "
                         "(batch_size=1 as --micro-batch-size, global_batch_size=2, pp_size=1)",
-        not_modelled="FlashAttention's Triton kernel (--use-flash-attn-triton; memo prices FlashAttention-2's CUDA "
-                     "kernel on the A100 curves); TP 32's collectives over 4 nodes on NCCL's ring through the nodes' "
-                     "NICs (memo's ring model, not measured on this cluster)")
+        not_modelled="FlashAttention's Triton kernel at the run's own calls (priced on the profile's flash_triton "
+                     "curves: FlashAttention-2's times the Triton kernel's relative speed on the FlashAttention-2 "
+                     "README's A100 chart, 16 heads at 16K tokens a call at most); TP 32's collectives over 4 nodes on "
+                     "NCCL's ring through the nodes' NICs (memo's ring model, not measured on this cluster)")
 
 
 LONG_RUNS: tuple[Run, ...] = (
@@ -495,8 +502,10 @@ LONG_CHOICES = (
      "cycles (its averaging window is not stated)"),
     ("Megatron-DeepSpeed DS4Science: model, batch, profile",
      "the table names neither model nor batch: GPT-30B, micro-batch 1, global batch 2 of the folder's only TP-32 "
-     "script (pretrain_gpt_30B_seq_parallel.sh), only to derive a step time from the stated TFLOPS; not predicted "
-     "(no A100-40GB profile, and TP across nodes is refused)"),
+     "script (pretrain_gpt_30B_seq_parallel.sh), only to derive a step time from the stated TFLOPS; profile "
+     "a100-sxm4-40gb (a DGX A100 320GB node: the table's '4 NVIDIA DGX A100-40GB nodes, connected through 8 HDR "
+     "InfiniBand'); framework megatron@2023 (the README's '2023 rebase' of Megatron-LM) with the script's "
+     "--use-flash-attn-triton as the run's attention kernel (flash_triton)"),
 )
 LONG_LEFT_OUT = (
     ("XTuner 8K rows (Llama-2-7B, Yi-34B-200K, Llama-2-70B) and DS4Science's 2k-8k rows",
@@ -675,6 +684,11 @@ _QWEN3_LONG = ("Qwen3-235B-A22B long context, 256 H100 (32 nodes), TP 4 x CP {cp
                "A2A_OVERLAP=0, {bal} (the readme's {tf} TFLOP/s; code not stated)")
 
 
+
+# FlagPerf's Megatron launch lines (megatron_main.sh, megatron_pai_main.sh) pass no --overlap-grad-reduce: the
+# gradients are reduced after the whole backward, as megatron@2021 does (`Layout.grad_overlap`)
+_NO_GRAD_OVERLAP = (("grad_overlap", False),)
+
 MOE_RUNS: tuple[Run, ...] = (
     _zoo_mixtral("dropless", "dropless (aux-loss router)", 445, "dropless"),
     _zoo_mixtral("forced", "--moe-router-force-load-balancing", 465, "random"),
@@ -700,9 +714,10 @@ MOE_RUNS: tuple[Run, ...] = (
         framework="megatron", profile="h100-sxm5-80gb", group="moe", arch=MIXTRAL_8X7B, tp=8, sp=True, pp=2, dp=2,
         zero=1, ep=1, etp=8, seq=4096, global_batch=1200, micro_batch=3,
         schedule_source="micro-batch 3 (config_H100x4x8.py localbs), 1F1B (no virtual stages in megatron_main.sh)",
-        policy="selective_recompute", dtype="bf16", moe_dispatcher="allgather",
-        not_modelled="gradients reduced after the backward (no --overlap-grad-reduce: memo's megatron data overlaps "
-                     "them); core_v0.6.0's allgather dispatcher's own permutation kernels"),
+        policy="selective_recompute", dtype="bf16", moe_dispatcher="allgather", launch=_NO_GRAD_OVERLAP,
+        not_modelled="the updated weights all-gathered after the optimizer step (no --overlap-param-gather: memo "
+                     "prices that on one stage only and overlaps them here); core_v0.6.0's allgather dispatcher's own "
+                     "permutation kernels"),
     *(Run(f"moe-flagperf-qwen1.5-moe-{pr}", MOE_FLAGPERF,
           f"FlagPerf 'qwen1.5_14B_MoE' (24 layers, h=2048, 16 heads, FFN 5504, 8 experts top-2, QKV bias), 8 A800 "
           f"(one DGX node), TP 1 x PP 2 x DP 4, EP 1, micro-batch 1, global batch 512, s=8192, {pr.upper()}, "
@@ -711,9 +726,11 @@ MOE_RUNS: tuple[Run, ...] = (
           "tokens over 8 GPUs", framework="megatron", profile="a800-80gb", group="moe", arch=FLAGPERF_MOE, tp=1,
           pp=2, dp=4, zero=1, seq=8192, global_batch=512, micro_batch=1,
           schedule_source="micro-batch 1 (config_A800x1x8.py batchsize), 1F1B (no virtual stages in the script)",
-          policy="selective_recompute", dtype=pr, moe_dispatcher="allgather",
-          not_modelled="gradients reduced after the backward (no --overlap-grad-reduce); experts run one GEMM each "
-                       "(SequentialMLP, no --moe-grouped-gemm)")
+          policy="selective_recompute", dtype=pr, moe_dispatcher="allgather", launch=_NO_GRAD_OVERLAP,
+          not_modelled="the updated weights all-gathered after the optimizer step (no --overlap-param-gather: memo "
+                       "prices that on one stage only and overlaps them here); experts run one GEMM each "
+                       "(SequentialMLP, no --moe-grouped-gemm: memo prices each expert's GEMM alone either way, with "
+                       "no host time between them)")
       for pr, tps in (("bf16", 7450.7), ("fp16", 7537.7))),
     # the Model Zoo's Qwen3-235B-A22B H100 rows (A1-A5 of the research notes: stated step times; A7-A10: TFLOP/s,
     # forced balance and dropless each measured)
@@ -991,8 +1008,9 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "not pinned down. memo puts the run at 36% MFU; FlagPerf measured 20.7%. What the run uses that memo does not "
         "model: core_v0.6.0's MoE layer at TP 8 without EP (its allgather dispatcher gathers all tokens of the TP "
         "group and permutes them with the index/scatter kernels of 2024, before permute fusion; memo prices the "
-        "all-gather and one elementwise permute), gradients reduced after the backward (no --overlap-grad-reduce; "
-        "the megatron framework data overlaps them), and 75 of 80 GiB in use (allocator pressure). The source is "
+        "all-gather and one elementwise permute), and 75 of 80 GiB in use (allocator pressure); its gradients are "
+        "reduced after the backward as the launch line has it (no --overlap-grad-reduce: 0.2% on memo's step). The "
+        "source is "
         "weak as well: FlagPerf marks the number 'for performance reference only', its MFU (20.7%) disagrees with "
         "its own formula (21.9%), and its launcher's EP 8 contradicts the README's EP 1. Switching memo to the "
         "alltoall dispatcher (34.3 s) or to full recompute (42.5 s) did not close the gap (on the profile's assumed "
@@ -1001,8 +1019,9 @@ MOE_OUTLIERS: dict[str, str | Callable[[Result], str]] = {
         "the a800-80gb profile's kernel curves were fitted to the MEMO paper's statements (its provenance), not "
         "measured with FlashAttention-2 at s=8192 or with these small GEMMs. Not modelled from the run: "
         "Megatron-LM-240405's MoE path through Pai-Megatron-Patch (SequentialMLP: each of the 8 experts as its own "
-        "GEMMs, with per-expert index_select permutation; fp32 router with aux loss) and gradients reduced after "
-        "the backward (no --overlap-grad-reduce). The BF16 and FP16 rows move together (-18.8% / -17.9%), so the "
+        "GEMMs, with per-expert index_select permutation; fp32 router with aux loss); the gradients are reduced after "
+        "the backward as the launch line has it (no --overlap-grad-reduce: under 0.1% on memo's step). The BF16 and "
+        "FP16 rows move together (within a point of each other), so the "
         "precision recipe is not the cause. These rows ran SequentialMLP, the experts' loop that the measurement "
         "that follows found host-bound (on a later Megatron, an H200's host, not this A800 cluster's). " + _HOST_BOUND)
         for pr in ("bf16", "fp16")},
@@ -1394,24 +1413,32 @@ def _titan_fsdp_text(rid: str) -> Callable[[Result], str]:
 
 
 def _mds_text(r: Result) -> str:
-    """The DeepSpeed4Science TP-32 rows: memo's attention against what the measured step leaves for it, and the
-    run's attention kernel (FlashAttention's Triton kernel) against the one memo prices."""
+    """The DeepSpeed4Science TP-32 rows: what memo's step holds, against what the measured step leaves for the
+    attention (FlashAttention's Triton kernel, priced since 2026-12-05 on the profile's flash_triton curves)."""
     attn, gemm, comm = _titan_split(r.run)
     left = r.run.published_s - (r.predicted_s - attn)
-    return (f"the run's attention kernel: --use-flash-attn-triton runs FlashAttention's Triton kernel of 2022 "
-            "(Megatron-DeepSpeed's megatron/model/transformer.py at cc3a94c6 imports flash_attn.flash_attn_triton's "
-            "flash_attn_func), which memo prices as FlashAttention-2's CUDA kernel on the A100 curves. The "
-            "FlashAttention-2 README's A100 chart (Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png, "
-            "causal, forward + backward) has 'FlashAttention Triton' at 80 TFLOPs/s where FlashAttention-2 reaches 171 "
-            "(head dim 64) and 189 (head dim 128) at 16K, 0.42-0.47x, and the Triton kernel pads this model's head dim "
-            "96 to 128 (flash_attn_triton.py: BLOCK_HEADDIM = max(triton.next_power_of_2(d), 16)), a third more work: "
-            f"about 2.8-3.2x memo's attention time. memo's step {r.predicted_s:.1f} s holds {attn:.1f} s of attention "
-            f"({100 * attn / r.predicted_s:.0f}%), {gemm:.1f} s of GEMMs and {comm:.1f} s of TP collectives on the "
-            f"critical path; the measured step leaves about {left:.1f} s for the attention, {left / attn:.2f}x memo's. "
-            "The error grows with the attention's share of the step (the TFLOP/s the table states stay at 92-119 from "
-            "16K to 256K). No Triton-kernel curve is priced: no profile measures it (not the chart's numbers either: "
-            "they give its ratio at 16K and below, not its curve). Also not measured: TP 32's collectives over 4 nodes "
-            "(NCCL's ring through the nodes' NICs, memo_sim/cost/collectives.py tp_params)")
+    slow = r.predicted_s > r.run.published_s
+    return (f"memo too {'slow' if slow else 'fast'}; not pinned down. The run's attention is FlashAttention's Triton "
+            "kernel (--use-flash-attn-triton: Megatron-DeepSpeed's megatron/model/transformer.py at cc3a94c6 imports "
+            "flash_attn.flash_attn_triton's flash_attn_func), priced on the profile's flash_triton curves: "
+            "FlashAttention-2's times the Triton kernel's speed over FlashAttention-2's on the FlashAttention-2 "
+            "README's A100 chart (causal, head dim 128, forward + backward: 0.51 at 512-token calls to 0.42 at 16K; "
+            "benchmarks/triton_fa_curves.py), at head dim 128, to which the kernel pads this model's 96 "
+            "(flash_attn_triton.py BLOCK_HEADDIM): about 3.1x FlashAttention-2's time, which had left memo 14-64% too "
+            f"fast on 32K-256K (the report's history). memo's step {r.predicted_s:.1f} s holds {attn:.1f} s of "
+            f"attention ({100 * attn / r.predicted_s:.0f}%), {gemm:.1f} s of GEMMs and {comm:.1f} s of TP collectives "
+            f"({100 * comm / r.predicted_s:.0f}%) on the critical path; "
+            + (f"the measured step is {r.run.published_s:.1f} s, {r.predicted_s - r.run.published_s:.1f} s shorter. "
+               if slow else f"the measured step leaves about {left:.1f} s for the attention, {left / attn:.2f}x memo's. ")
+            + "Where memo is too slow (16K-128K), the TP collectives' share "
+            "is largest at the shortest length: TP 32's all-gathers and reduce-scatters over 4 nodes, priced as NCCL's "
+            "ring through the nodes' eight HDR NICs (memo_sim/cost/collectives.py tp_params), were not measured on "
+            "that cluster; the Triton kernel's ratio was measured at 16 heads a call and is held flat beyond the "
+            "chart's 16K-token calls, and its split between forward and backward is FlashAttention-2's (the chart "
+            "gives the two together), where the run's calls hold 2 heads a GPU over the whole sequence. The table's "
+            "TFLOP/s rise from 92 (16K) to 119 (128K) and fall to 94 at 256K, where memo's attention share only grows; "
+            f"memo's peak on this row is {r.peak_gib:.1f} GiB of the profile's "
+            f"{load_profile(r.run.profile).usable_gpu_memory / 2 ** 30:.1f} usable (no memory pressure in memo)")
 
 
 OUTLIERS.update({
@@ -1714,6 +1741,14 @@ HISTORY = (
      "backward GEMM)",
      {"korthikanti-22B-full": 0.046, "korthikanti-175B-full": 0.007, "korthikanti-530B-full": 0.021,
       "korthikanti-1T-full": 0.026}),
+    ("143d0bf", "2026-12-05", "before FlashAttention's Triton kernel was priced (flash_triton: the DS4Science rows' "
+     "--use-flash-attn-triton ran on FlashAttention-2's A100 curves, at the model's head dim 96)",
+     {"mds4sci-tp32-16k": 0.088, "mds4sci-tp32-32k": -0.139, "mds4sci-tp32-64k": -0.322, "mds4sci-tp32-128k": -0.422,
+      "mds4sci-tp32-256k": -0.635}),
+    ("143d0bf", "2026-12-05", "before the FlagPerf MoE rows reduced their gradients after the backward as their launch "
+     "lines do (no --overlap-grad-reduce: grad_overlap off; the megatron data's overlap before)",
+     {"moe-flagperf-mixtral-8x7b": -0.400, "moe-flagperf-qwen1.5-moe-bf16": -0.184,
+      "moe-flagperf-qwen1.5-moe-fp16": -0.174}),
 )
 
 
@@ -2042,6 +2077,14 @@ STEPS = (
      "t1-fsdp-compile -11.5% to -7.9%, t1-fsdp-compile-float8 -5.9% to -1.3%, t3-fsdp128-compile -12.9% to -10.5%, "
      "t2-cp1 -12.7% to -11.7%, t4-2d -12.3% to -11.9%): dense 43 predicted at 10.3% / 31.1%, long-context 20 at "
      "14.1% / 31.1%, the FP8 rows 14 at 14.6% / 28.9%, the MoE group 18 at 18.5% / 45.2%"),
+    ("FlashAttention's Triton kernel; FlagPerf's gradients after the backward", "the DS4Science rows' attention "
+     "(--use-flash-attn-triton) priced as FlashAttention's Triton kernel on the A100 profiles' flash_triton curves "
+     "(FlashAttention-2's times the Triton kernel's speed over FlashAttention-2's on the FlashAttention-2 README's A100 "
+     "chart, 0.51 to 0.42; at head dim 128, to which the kernel pads the model's 96): mds4sci-tp32-16k / 32k / 64k / "
+     "128k / 256k +8.8% / -13.9% / -32.2% / -42.2% / -63.5% to +27.1% / +15.3% / +9.4% / +13.3% / -15.1%; the "
+     "FlagPerf MoE rows' gradients reduced after the backward as their launch lines have it (no "
+     "--overlap-grad-reduce): -40.0% / -18.4% / -17.4% to -39.9% / -18.3% / -17.4%: dense 48 predicted at 10.9% / "
+     "31.1%, long-context 25 at 14.5% / 31.1%, the FP8 rows 14 at 14.6% / 28.9%, the MoE group 18 at 18.8% / 45.9%"),
 )
 
 

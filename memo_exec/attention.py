@@ -497,20 +497,28 @@ def preferred_backends(priced_kernel: str) -> tuple[str, ...]:
     return PRICED_KERNEL_BACKENDS.get(priced_kernel, ())
 
 
-# the priced kernels no backend runs (`priced_kernel_note` says so on every device): materialised attention holds
-# each head's whole s x s score matrix (`memo_sim.cost.attention_kernel`), which no backend here does
-UNRUN_PRICED_KERNELS = ("materialised",)
+# the priced kernels no backend runs (`priced_kernel_note` says so on every device), each with what it is and what the
+# executor's kernels do otherwise: materialised attention holds each head's whole s x s score matrix
+# (`memo_sim.cost.attention_kernel`), which no backend here does; FlashAttention's Triton kernel
+# (`memo_sim.profile.attention_kernels`: Megatron-DeepSpeed's --use-flash-attn-triton) is not one of the backends
+UNRUN_PRICED_KERNELS = {
+    "materialised": ("the materialised kernel (layout attention materialised: each head's whole s x s score matrix)",
+                     f"which holds none (math: blocks of at most {MATH_MAX_CHUNK} query rows; the fused kernels: tiles), "
+                     "so the attention and step times and the transient memory (transient_peak, and any kept scores)"),
+    "flash_triton": ("FlashAttention's Triton kernel (layout attention flash_triton, on the profile's flash_triton "
+                     "curves: well under half FlashAttention-2's speed on an A100)",
+                     "which is not that kernel (memo-exec has no backend for it), so the attention and step times"),
+}
 
 
 def priced_kernel_note(priced_kernel: str | None, ran: str | None, device_kind: str | None) -> str | None:
     """A one-line note where a CUDA run's attention ran another kernel than the plan was priced on
     (its step and attention times then compare two kernels), or, on any device, where the plan was priced on a kernel
-    no backend runs (`UNRUN_PRICED_KERNELS`: the materialised score matrix), else None."""
+    no backend runs (`UNRUN_PRICED_KERNELS`: the materialised score matrix, FlashAttention's Triton kernel), else None."""
     if priced_kernel in UNRUN_PRICED_KERNELS:
-        return (f"note: the plan's attention was priced on the materialised kernel (layout attention materialised: "
-                f"each head's whole s x s score matrix), this run ran {ran}, which holds none (math: blocks of at most "
-                f"{MATH_MAX_CHUNK} query rows; the fused kernels: tiles), so the attention and step times and the "
-                f"transient memory (transient_peak, and any kept scores) are not comparable with the prediction")
+        what, differs = UNRUN_PRICED_KERNELS[priced_kernel]
+        return (f"note: the plan's attention was priced on {what}, this run ran {ran}, {differs} are not comparable "
+                "with the prediction")
     want = PRICED_KERNEL_BACKENDS.get(priced_kernel or "", ())
     if device_kind != "cuda" or not want or ran in want:
         return None

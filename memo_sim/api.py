@@ -73,7 +73,7 @@ def whatif(request: WhatifRequest, progress=None) -> WhatifAnswer:
 
 # the request's fields a maxseq question reads (`memo-sim maxseq`'s options); every other must keep its default
 MAXSEQ_FIELDS = ("model", "seq", "gpus", "profile", "policies", "framework", "allocator", "alloc_conf",
-                 "kernel_fusion", "tp_mode",
+                 "kernel_fusion", "attention", "grad_overlap", "tp_mode",
                  "moe_dispatcher", "moe_balance", "jobs", *MAXSEQ_DEGREES)
 
 
@@ -84,7 +84,7 @@ def max_seq(request: WhatifRequest, progress=None) -> list[MaxSeqAnswer]:
     (``answer.max_seq``; None: not even ``request.seq`` fits), its best plan there (``answer.best``, whose
     ``to_plan()`` is the plan to run) and what binds at the next length (``answer.binding``). The layout fields (tp,
     cp, ulysses, dp, zero, sp, pp, optimizer_offload, ep, etp, tp_mode, moe_dispatcher, moe_balance, alloc_conf,
-    kernel_fusion) fix the layout as the command's options do; a field the command has no option for (batch,
+    kernel_fusion, attention, grad_overlap) fix the layout as the command's options do; a field the command has no option for (batch,
     micro_batch, alpha, vpp, schedules, ...) must keep its default, or one `MemoError` names it. ``request.jobs``
     answers the policies in that many processes (the serial answers); ``progress()`` is called as each finishes."""
     if not isinstance(request, WhatifRequest):
@@ -105,7 +105,8 @@ def max_seq(request: WhatifRequest, progress=None) -> list[MaxSeqAnswer]:
         profile.peak(model.dtype)  # a clear error if the profile has no peak for the model's dtype
         check_gemm_format(model, profile)
         fixed = maxseq_fixed(request.tp_mode, request.moe_dispatcher, request.moe_balance, request.alloc_conf,
-                             request.kernel_fusion, **{k: getattr(request, k) for k in MAXSEQ_DEGREES})
+                             request.kernel_fusion, request.attention, request.grad_overlap,
+                             **{k: getattr(request, k) for k in MAXSEQ_DEGREES})
         runs = maxseq_runs_asked(model, request.framework, request.policies, request.allocator)
         return max_seq_runs(model, request.gpus, profile, runs, step=request.seq, framework=request.framework,
                             fixed=fixed, jobs=request.jobs, done=progress or (lambda: None))

@@ -56,7 +56,7 @@ def _measured_moe_ids_slow():
 def _whatif_request(run):
     """The what-if a user would ask for the run: its model (dtype, no recipe: the framework's), its
     framework version, its cluster and every layout, batch and schedule flag fixed (a single-stage run as
-    one pass, as the benchmark runs it)."""
+    one pass, as the benchmark runs it), the run's launch settings as the command's --attention / --grad-overlap."""
     from memo_sim import api
 
     model = run.base_model()  # the dense GPT of the row's shapes, or the MoE row's architecture
@@ -68,7 +68,7 @@ def _whatif_request(run):
         first_stage_layers=run.first_stage_layers or None, last_stage_layers=run.last_stage_layers or None,
         chunk_layers=run.chunk_layers or None,
         ep=run.ep, etp=run.etp, moe_dispatcher=run.moe_dispatcher, moe_balance=run.moe_balance,
-        ep_overlap=run.ep_overlap, kernel_fusion=run.kernel_fusion, pp=run.pp, vpp=run.vpp if run.pp > 1 else None, micro_batch=run.micro_batch or run.global_batch // run.dp,
+        ep_overlap=run.ep_overlap, kernel_fusion=run.kernel_fusion, **dict(run.launch), pp=run.pp, vpp=run.vpp if run.pp > 1 else None, micro_batch=run.micro_batch or run.global_batch // run.dp,
         global_batch=run.global_batch,
         policies=(run.policy,), schedules=(run.schedule() or "single_stage",), simulate_top=1, jobs=1)
 

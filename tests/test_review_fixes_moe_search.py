@@ -48,6 +48,7 @@ PINNED = {
     "alloc_conf": ("expandable_segments:True", "--alloc-conf expandable_segments:True"),
     "allocator": ("plan", "--allocator plan"), "rank_order": ("tp-cp-pp-dp", "--rank-order tp-cp-pp-dp"),
     "ep_overlap": (True, "--ep-overlap"), "kernel_fusion": ("eager", "--kernel-fusion eager"),
+    "attention": ("materialised", "--attention materialised"), "grad_overlap": (False, "--no-grad-overlap"),
 }
 
 

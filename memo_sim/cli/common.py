@@ -204,14 +204,28 @@ def _alloc_conf_value(_ctx, _param, value):
     return value
 
 
-def kernel_fusion_option(f):
+def launch_options(f):
+    """``--kernel-fusion``, ``--attention`` and ``--grad-overlap/--no-grad-overlap``: what a launch line sets over the
+    framework's data (`memo_sim.search.whatif.launch_overrides`)."""
     from memo_sim.model.kernel_fusion import KERNEL_FUSIONS  # noqa: PLC0415
-    return click.option(
-        "--kernel-fusion", default=None, type=click.Choice(list(KERNEL_FUSIONS)),
-        help="How the layers' norms, activations and residual adds run, over the framework's: fused (one "
+    from memo_sim.profile.attention_kernels import ATTENTION_KERNELS  # noqa: PLC0415
+    for opts, kind, text in reversed((  # a decorator applied last is listed first: the help lists these in order
+            (("--kernel-fusion",), click.Choice(list(KERNEL_FUSIONS)),
+             "How the layers' norms, activations and residual adds run, over the framework's: fused (one "
              "hand-written kernel each, Megatron-LM / TransformerEngine), compiled (each block compiled by "
              "torch.compile) or eager (uncompiled PyTorch: RMSNorm and SwiGLU as separate tensor ops, as Hugging "
-             "Face layers and torchtitan without --training.compile run them).")(f)
+             "Face layers and torchtitan without --training.compile run them)."),
+            (("--attention",), click.Choice(list(ATTENTION_KERNELS)),
+             "The attention kernel every plan runs, over the framework's: flash (FlashAttention-2), cudnn (cuDNN's "
+             "fused attention, TransformerEngine's; priced as flash on a profile without its curves), materialised "
+             "(the s x s scores, Megatron-LM before FlashAttention) or flash_triton (FlashAttention's Triton kernel, "
+             "Megatron-DeepSpeed's --use-flash-attn-triton; the A100 profiles give its curves)."),
+            (("--grad-overlap/--no-grad-overlap", "grad_overlap"), None,
+             "Reduce the data-parallel gradients in buckets beside the backward (Megatron-LM's --overlap-grad-reduce, "
+             "DDP's and FSDP's default), or all after it (Megatron-LM without that option, its argument default). "
+             "Default: the framework's data."))):
+        f = click.option(*opts, default=None, type=kind, help=text)(f)
+    return f
 
 
 def alloc_conf_option(f):

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from memo_sim.cli.common import (GPU_COUNT, alloc_conf_option, build_model, count_option, kernel_fusion_option,
+from memo_sim.cli.common import (GPU_COUNT, alloc_conf_option, build_model, count_option, launch_options,
                                layout_degree_options, model_options, moe_layout_options, profile_option, progress_bar,
                                progress_option)
 from memo_sim.cost.gemm_format import check_gemm_format
@@ -34,7 +34,7 @@ from memo_sim.units import fmt_count
               help="Who places the transients of the policies without MEMO's plan: PyTorch's caching allocator "
                    "(as the frameworks run; reserved memory decides), a static memory plan, or both side by side.")
 @alloc_conf_option
-@kernel_fusion_option
+@launch_options
 @layout_degree_options
 @click.option("--pp", type=click.IntRange(1, 4096),
               help="Fix the pipeline degree (1: single stage; default: searched, micro-batch pipelines included).")
@@ -49,7 +49,7 @@ from memo_sim.units import fmt_count
 @format_options
 def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, mtp_layers, precision,
            gpus, profile_name, policies, framework,
-           step, allocator, alloc_conf, kernel_fusion, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload,
+           step, allocator, alloc_conf, kernel_fusion, attention, grad_overlap, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload,
            ep, etp, moe_dispatcher, moe_balance, jobs, progress, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
     constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp (and a mixture of
@@ -61,7 +61,8 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
     from memo_sim.search.maxseq import max_seq_runs, maxseq_fixed, maxseq_runs_asked
     from memo_sim.search.whatif import default_jobs
 
-    fixed = maxseq_fixed(tp_mode, moe_dispatcher, moe_balance, alloc_conf, kernel_fusion, tp=tp, cp=cp,
+    fixed = maxseq_fixed(tp_mode, moe_dispatcher, moe_balance, alloc_conf, kernel_fusion, attention, grad_overlap,
+                         tp=tp, cp=cp,
                          ulysses=ulysses, dp=dp, zero=zero, sp=sp, pp=pp, optimizer_offload=optimizer_offload,
                          ep=ep, etp=etp)
 

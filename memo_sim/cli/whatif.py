@@ -26,7 +26,7 @@ import click
 from memo_sim.cli.common import (
     FiniteRange,
     alloc_conf_option,
-    kernel_fusion_option,
+    launch_options,
     moe_layout_options,
     BATCH,
     GPU_COUNT,
@@ -106,7 +106,7 @@ def _simulate_top_value(ctx, param, value):
                    "allocator (with its fragmentation and retries, as the frameworks run), a static memory plan, or "
                    "both side by side.")
 @alloc_conf_option
-@kernel_fusion_option
+@launch_options
 @click.option("--dp-mode", default=None, type=click.Choice(["zero", "fsdp", "all"]),
               help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off; a layout "
                    "without a data-parallel, CP or Ulysses group has nothing to shard and is searched as it is), or "

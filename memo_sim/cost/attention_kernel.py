@@ -1,6 +1,6 @@
 """Attention kernels on one GPU: FlashAttention, or the materialised softmax frameworks ran before it.
 
-``layout.attention`` (`memo_sim.model.layer_graph.ATTENTION_KERNELS`) picks one; this module is
+``layout.attention`` (`memo_sim.profile.attention_kernels`) picks one; this module is
 the one place each is priced.
 
 - ``flash`` (FlashAttention-2): one fused kernel over the causal half of the score matrix;

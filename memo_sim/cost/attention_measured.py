@@ -9,7 +9,7 @@ interpolated log-log between the two measured lengths around it (the time of a k
 grows as a power of the length, exact at every measured length) and multiplied by the batch (the
 executor's kernels loop over the sequences of a batch). Anywhere else -- another shape, a length
 outside the measured ones, sliding-window layers, latent attention's unequal head sizes, cuDNN's
-fused attention where the profile has its own curves -- the efficiency curves price it
+fused attention or FlashAttention's Triton kernel where the profile has their own curves -- the efficiency curves price it
 (`memo_sim.cost.kernel_time`), as for a profile without the rows. So do the kernels whose shape is not one
 the rows describe: SPPO's pieces (queries of one piece against its whole prefix, `memo_sim.cost.sppo`) and
 METP's ring blocks (`memo_sim.cost.metp`), in the simulation and in their bounds alike.
@@ -70,8 +70,8 @@ def layer_attention_seconds(model: ModelConfig, layout: Layout, batch: int, seq:
     (module docs). ``ring``: ring CP's blocks (`memo_sim.cost.ring_attention.applies`)."""
     if profile.efficiency.attention_times is None or model.attention_flop_fraction(seq) < 1.0:
         return None
-    if profile.efficiency.priced_attention_kernel(layout.block_kernel if ring else layout.attention) == "cudnn":
-        return None  # the profile describes cuDNN's kernel apart; the rows timed the executor's own
+    if profile.efficiency.priced_attention_kernel(layout.block_kernel if ring else layout.attention) != "flash":
+        return None  # the profile describes cuDNN's (or the Triton) kernel apart; the rows timed the executor's own
     heads = _heads_per_rank(model, layout)
     if heads is None:
         return None

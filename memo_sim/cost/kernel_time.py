@@ -10,8 +10,9 @@
   `gemm_bytes` gives a GEMM's operand bytes from its shape: an (m x k) by (k x n) product reads
   m·k + k·n elements and writes m·n, ``batch`` times. The transformer layer's GEMMs
   (k = hidden or FFN width) sit far above the ridge and are compute-bound.
-- Attention (FlashAttention-2, or cuDNN's fused attention where the profile has its curves:
-  ``kernel``): FLOPs at the attention efficiency curves, plus the profile's time
+- Attention (FlashAttention-2, or cuDNN's fused attention or FlashAttention's Triton kernel where the profile
+  has their curves: ``kernel``, `memo_sim.profile.attention_kernels`): FLOPs at the attention efficiency curves
+  (at the head dim the kernel pads a call to), plus the profile's time
   per causal score element (``efficiency.attention_*_score_time``) times the kernel's score
   elements when the head size is known (`memo_sim.model.flops.attention_score_elements`); ring
   CP's blocks (``block``) at the block kernel's own curves and time per element where the profile
@@ -24,6 +25,7 @@
 from __future__ import annotations
 
 from memo_sim.model.flops import ATTN_BWD_FACTOR, attention_score_elements
+from memo_sim.profile.attention_kernels import attention_kernel
 from memo_sim.profile.schema import HardwareProfile
 
 
@@ -43,13 +45,23 @@ def gemm_time(flops: float, profile: HardwareProfile, dtype: str = "bf16", nbyte
                memory_bound_time(nbytes, profile))
 
 
+def _padded(flops: float, head_dim: int | None, kernel: str) -> tuple[float, int | None]:
+    """A call's FLOPs and head dim as ``kernel`` runs them: a kernel that tiles the head dim as a power of two
+    (`memo_sim.profile.attention_kernels`: FlashAttention's Triton kernel) does the work of the padded head dim."""
+    if not head_dim:
+        return flops, head_dim
+    d = attention_kernel(kernel).priced_head_dim(head_dim)
+    return flops * d / head_dim, d
+
+
 def attention_fwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf16",
                        head_dim: int | None = None, kernel: str = "flash", block: str = "") -> float:
     """Forward attention of ``flops`` in ``kernel`` (`Efficiency.attention_curves`; ``block``: one of
     ring CP's c x c blocks, `memo_sim.cost.ring_attention`); with ``head_dim``, its score elements
-    at the profile's time per element too."""
+    at the profile's time per element too, and the head dim the kernel pads it to (`_padded`)."""
     if flops <= 0:
         return 0.0
+    flops, head_dim = _padded(flops, head_dim, kernel)
     eff = profile.efficiency
     t = flops / (profile.peak(dtype) * eff.attention_curves(kernel, block)[0](flops))
     if head_dim:
@@ -62,6 +74,7 @@ def attention_bwd_time(flops: float, profile: HardwareProfile, dtype: str = "bf1
     """``flops`` are the backward kernel's own FLOPs (2.5x the forward's for FlashAttention)."""
     if flops <= 0:
         return 0.0
+    flops, head_dim = _padded(flops, head_dim, kernel)
     eff = profile.efficiency
     t = flops / (profile.peak(dtype) * eff.attention_curves(kernel, block)[1](flops))
     if head_dim:

@@ -28,6 +28,7 @@ from memo_sim.export.base import (Export, Gap, NoNearest, PlanChange, async_tp_g
 from memo_sim.cost.memory import reduce_bucket_elements
 from memo_sim.layout.parallel import check_layout
 from memo_sim.plan.schema import Plan
+from memo_sim.profile.attention_kernels import attention_kernel
 from memo_sim.frameworks import deepspeed_moe_why_not
 from memo_sim.search.frameworks import get_framework
 
@@ -160,22 +161,23 @@ def _layout_why_not(plan: Plan, lay, batch: int) -> str | None:
 # in memory (a review: a 64K-token plan written so ran out of memory). --use-flash-attn-v2 is FlashAttention-2's
 # flash_attn_varlen_func (transformer.py:409), which DeepSpeed-Ulysses' DistributedAttention gathers for in the
 # [b, s, h, d] layout (gather_idx 1, transformer.py:623); the Ulysses examples at that commit write it
-# (examples_deepspeed/sequence_parallel/ds_pretrain_gpt_6.7B_fpdt_32k.sh) or --use-flash-attn-triton (the others,
-# a Triton FlashAttention memo does not price)
+# (examples_deepspeed/sequence_parallel/ds_pretrain_gpt_6.7B_fpdt_32k.sh) or --use-flash-attn-triton (the others:
+# FlashAttention's Triton kernel, `memo_sim.profile.attention_kernels` flash_triton, which memo's deepspeed data does
+# not run)
 FLASH_FLAG = "--use-flash-attn-v2"
 
 
 def _attention_gap(plan: Plan) -> list[Gap]:
     """The plan's attention kernel where it is not the FlashAttention-2 the launch line writes (`FLASH_FLAG`): cuDNN's
-    fused attention (TransformerEngine's, which Megatron-DeepSpeed does not run) or the materialised s x s scores.
+    fused attention (TransformerEngine's, which Megatron-DeepSpeed does not run), the materialised s x s scores or
+    FlashAttention's Triton kernel (--use-flash-attn-triton: the data prices FlashAttention-2).
     The nearest plan is priced with the framework's kernel already (`price_nearest`: its mechanisms), so the gap
     changes nothing more."""
     kernel = plan.priced_attention_kernel()
     if kernel == "flash":
         return []
-    words = {"cudnn": "cuDNN's fused attention", "materialised": "materialised attention (the s x s scores)"}
-    return [Gap(f"the {words.get(kernel, kernel)} kernel", f"FlashAttention-2 ({FLASH_FLAG}: memo's {FRAMEWORK} "
-                                                           "data's attention kernel)")]
+    return [Gap(f"the attention kernel, {attention_kernel(kernel).words}",
+                f"FlashAttention-2 ({FLASH_FLAG}: memo's {FRAMEWORK} data's attention kernel)")]
 
 
 _SCHEDULE_WORDS = {"1f1b": "1F1B", "interleaved_1f1b": "interleaved 1F1B", "sppo": "SPPO"}

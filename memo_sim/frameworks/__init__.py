@@ -153,7 +153,8 @@ from memo_sim.model.config import DTYPES, ModelConfig, modules_words
 from memo_sim.model.gemm_formats import GEMM_FORMATS
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.rope_kernels import ROPE_KERNELS
-from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
+from memo_sim.profile.attention_kernels import ATTENTION_KERNELS
+from memo_sim.model.layer_graph import CROSS_ENTROPY_KERNELS
 from memo_sim.model.precision import RECIPES
 from memo_sim.tp import TP_MODES
 from memo_sim.policy import policy_names

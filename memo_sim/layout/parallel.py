@@ -188,7 +188,8 @@ _CHUNKS = f"chunk_layers ({LAYOUT_OPTION})"  # the field, and the option that se
 from memo_sim.layout.ring_merge import RING_MERGE_NAMES, whole_sequence_only
 from memo_sim.model.kernel_fusion import KERNEL_FUSIONS
 from memo_sim.model.rope_kernels import ROPE_KERNELS
-from memo_sim.model.layer_graph import ATTENTION_KERNELS, CROSS_ENTROPY_KERNELS
+from memo_sim.profile.attention_kernels import ATTENTION_KERNELS, attention_kernel
+from memo_sim.model.layer_graph import CROSS_ENTROPY_KERNELS
 
 BLOCK_KERNELS = ("", "flash", "cudnn")  # `Layout.block_attention`: blocks merged by log-sum-exp run a fused kernel
 from memo_sim.tp import FLAVOURS, TP_MODES, TPFlavour, tp_flavour
@@ -999,6 +1000,9 @@ def check_layout(layout: Layout, model: ModelConfig, gpus: int, gpus_per_node: i
                     f"plan with a pp x vpp that divides them, or uneven stages (first / last stage layer counts)")
     if layout.attention not in ATTENTION_KERNELS:
         return f"attention must be one of {', '.join(ATTENTION_KERNELS)}, got {layout.attention!r}"
+    why = attention_kernel(layout.attention).why_not(model.qk_head_dim)
+    if why:
+        return why
     flavour = layout.flavour
     if layout.attention == "materialised" and (layout.cp > 1 or flavour.group_of("attention")):
         return ("materialised attention holds each head's whole s x s score matrix on one GPU: it is not "

@@ -97,13 +97,7 @@ def attention_bwd_workspace_bytes(lse_bytes: float, q_bytes: float, dtype_bytes:
 
 ROLES = ("input", "attn", "other", "lse", "transient")
 
-# attention kernels (`memo_sim.layout.parallel.Layout.attention`; priced in `memo_sim.cost.attention_kernel`):
-# "flash" (FlashAttention-2, as flash-attn 2 and torch SDPA's flash backend run it: fused, causal, no score
-# matrix in memory), "cudnn" (cuDNN's fused attention, TransformerEngine's FusedAttention, which TE prefers on
-# Hopper and newer: the same memory as flash, its own efficiency curves where the profile gives them,
-# `HardwareProfile.efficiency.attention_curves`) or "materialised" (Megatron-LM before FlashAttention: batched
-# GEMMs over the whole s x s score matrix, a fused softmax, dropout)
-ATTENTION_KERNELS = ("flash", "cudnn", "materialised")
+# attention kernels (`memo_sim.layout.parallel.Layout.attention`): `memo_sim.profile.attention_kernels`, each by name
 # cross-entropy implementations (`memo_sim.layout.parallel.Layout.cross_entropy`; HBM passes per
 # logit and the bytes it keeps live in `memo_sim.cost.loss_kernels`)
 CROSS_ENTROPY_KERNELS = ("chunked", "vocab_parallel", "torch_fused", "chunked_wrapper")

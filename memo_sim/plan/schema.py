@@ -87,7 +87,7 @@ class Plan:
         return self.batch // self.micro_batch
 
     def priced_attention_kernel(self, kernel: str | None = None) -> str:
-        """The attention kernel whose curves priced this plan (`memo_sim.model.layer_graph.ATTENTION_KERNELS`):
+        """The attention kernel whose curves priced this plan (`memo_sim.profile.attention_kernels`):
         the layout's (`attention_kernel`; ``kernel``: another of its kernels, an export's layout's), with ``cudnn``
         priced as ``flash`` where the plan's profile has no cuDNN curves
         (`memo_sim.profile.schema.Efficiency.priced_attention_kernel`). The executor's ``auto`` backend runs

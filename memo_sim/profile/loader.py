@@ -199,7 +199,8 @@ _BLOCK_EXTRAS = ("attention_block_causal_fwd", "attention_block_causal_bwd", "at
                  "attention_block_bwd_score_time")
 _EFFICIENCY_TIMES = ("attention_fwd_score_time", "attention_bwd_score_time", "kernel_latency",
                      "attention_block_fwd_score_time", "attention_block_bwd_score_time")
-_EFFICIENCY_CURVES = ("attention_cudnn_fwd", "attention_cudnn_bwd", "attention_block_fwd", "attention_block_bwd",
+_EFFICIENCY_CURVES = ("attention_cudnn_fwd", "attention_cudnn_bwd", "attention_flash_triton_fwd",
+                      "attention_flash_triton_bwd", "attention_block_fwd", "attention_block_bwd",
                       "attention_block_causal_fwd", "attention_block_causal_bwd")
 
 
@@ -213,6 +214,9 @@ class _EfficiencyIn(_In):
     kernel_latency: Time | None = None
     attention_cudnn_fwd: _CurveIn | None = None  # optional: cuDNN's fused attention (default: the curves above)
     attention_cudnn_bwd: _CurveIn | None = None
+    # optional: FlashAttention's Triton kernel (default: none, a layout running it is refused)
+    attention_flash_triton_fwd: _CurveIn | None = None
+    attention_flash_triton_bwd: _CurveIn | None = None
     # optional: ring CP's block kernel where it is not the whole-sequence one (`Efficiency`'s docs)
     attention_block_fwd: _CurveIn | None = None
     attention_block_bwd: _CurveIn | None = None
@@ -227,7 +231,9 @@ class _EfficiencyIn(_In):
 
     @model_validator(mode="after")
     def _pairs(self):
-        for a, b in (("attention_cudnn_fwd", "attention_cudnn_bwd"), ("attention_block_fwd", "attention_block_bwd"),
+        for a, b in (("attention_cudnn_fwd", "attention_cudnn_bwd"),
+                     ("attention_flash_triton_fwd", "attention_flash_triton_bwd"),
+                     ("attention_block_fwd", "attention_block_bwd"),
                      ("attention_block_causal_fwd", "attention_block_causal_bwd")):
             if (getattr(self, a) is None) != (getattr(self, b) is None):
                 raise ValueError(f"efficiency.{a} and {b} go together; give both or neither")

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from memo_sim.profile.attention_kernels import attention_kernel
+
 
 @dataclass(frozen=True)
 class Quantity:
@@ -150,6 +152,12 @@ class AttentionTimes:
 
 
 
+# the attention kernels a profile may give curves of their own for (`memo_sim.profile.attention_kernels`): the
+# Efficiency fields of their (forward, backward) curves
+OWN_ATTENTION_CURVES = {"cudnn": ("attention_cudnn_fwd", "attention_cudnn_bwd"),
+                        "flash_triton": ("attention_flash_triton_fwd", "attention_flash_triton_bwd")}
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """How fast a layer's kernels run, as fractions of the peak and per-call costs.
@@ -185,6 +193,10 @@ class Efficiency:
     # attention_* curves (FlashAttention-2) price it too (`attention_curves`)
     attention_cudnn_fwd: Curve | None = None
     attention_cudnn_bwd: Curve | None = None
+    # FlashAttention's Triton kernel (`memo_sim.profile.attention_kernels`), where the profile gives it; else a layout
+    # that runs it is refused on this profile (no fallback: it is far slower than FlashAttention-2)
+    attention_flash_triton_fwd: Curve | None = None
+    attention_flash_triton_bwd: Curve | None = None
     # ring CP's block kernel (class docs): full blocks, causal diagonal blocks, its score times
     attention_block_fwd: Curve | None = None
     attention_block_bwd: Curve | None = None
@@ -213,8 +225,9 @@ class Efficiency:
         return self.attention_block_fwd is not None and self.attention_block_bwd is not None
 
     def attention_curves(self, kernel: str = "flash", block: str = "") -> tuple[Curve, Curve]:
-        """(forward, backward) efficiency curves of an attention kernel (`layer_graph.ATTENTION_KERNELS`):
-        ``cudnn``'s own where the profile has them, else the FlashAttention-2 ones every profile has.
+        """(forward, backward) efficiency curves of an attention kernel (`memo_sim.profile.attention_kernels`):
+        a kernel's own (cuDNN's, FlashAttention's Triton kernel's) where the profile has them, else the
+        FlashAttention-2 ones every profile has (`priced_attention_kernel`: where a kernel without a fallback has none).
         ``block`` (one of `BLOCK_SHAPES`) asks for ring CP's block kernel on a c x c block of that
         shape: the block curves where the profile has them (a causal block: its causal ones, else the
         full blocks'), else those of ``kernel``."""
@@ -225,18 +238,27 @@ class Efficiency:
                     and self.attention_block_causal_bwd is not None):
                 return self.attention_block_causal_fwd, self.attention_block_causal_bwd
             return self.attention_block_fwd, self.attention_block_bwd
-        if self.priced_attention_kernel(kernel) == "cudnn":
-            return self.attention_cudnn_fwd, self.attention_cudnn_bwd
-        return self.attention_fwd, self.attention_bwd
+        own = self._own_curves(self.priced_attention_kernel(kernel))
+        return own if own is not None else (self.attention_fwd, self.attention_bwd)
+
+    def _own_curves(self, kernel: str) -> tuple[Curve, Curve] | None:
+        """A kernel's own (forward, backward) curves where the profile gives them, else None (FlashAttention-2's
+        price it: ``flash`` and ``materialised``, whose GEMMs `memo_sim.cost.attention_kernel` prices)."""
+        pair = tuple(getattr(self, f) for f in OWN_ATTENTION_CURVES.get(kernel, ()))
+        return pair if pair and None not in pair else None
 
     def priced_attention_kernel(self, kernel: str) -> str:
-        """The kernel whose curves price a layout's attention ``kernel`` here: ``cudnn`` only where the
-        profile has cuDNN's own curves (else FlashAttention-2's, ``flash``); any other kernel itself.
-        What the executor runs for a plan's ``auto`` backend follows it
-        (`memo_sim.plan.Plan.priced_attention_kernel`)."""
-        if kernel == "cudnn" and (self.attention_cudnn_fwd is None or self.attention_cudnn_bwd is None):
-            return "flash"
-        return kernel
+        """The kernel whose curves price a layout's attention ``kernel`` here: one with curves of its own
+        (``cudnn``, ``flash_triton``) itself where the profile gives them, else its fallback (``cudnn``: FlashAttention-2's,
+        ``flash``); a kernel with no fallback and no curves here is refused (ValueError); any other kernel itself.
+        What the executor runs for a plan's ``auto`` backend follows it (`memo_sim.plan.Plan.priced_attention_kernel`)."""
+        if kernel not in OWN_ATTENTION_CURVES or self._own_curves(kernel) is not None:
+            return kernel
+        spec = attention_kernel(kernel)
+        if spec.fallback:
+            return spec.fallback
+        raise ValueError(f"this profile gives no efficiency curves for {spec.words} (attention {kernel}): add "
+                         f"efficiency.attention_{kernel}_fwd and _bwd to the profile, or plan with attention flash")
 
     def attention_score_times(self, block: str = "") -> tuple[Quantity, Quantity]:
         """(forward, backward) seconds per score element beside `attention_curves`'s curves: the

@@ -530,10 +530,12 @@ MAXSEQ_DEGREES = ("tp", "cp", "ulysses", "dp", "zero", "sp", "pp", "optimizer_of
 
 
 def maxseq_fixed(tp_mode: str | None, moe_dispatcher: str = "alltoall", moe_balance: str = "dropless",
-                 alloc_conf: str | None = None, kernel_fusion: str | None = None, **degrees) -> dict:
+                 alloc_conf: str | None = None, kernel_fusion: str | None = None, attention: str | None = None,
+                 grad_overlap: bool | None = None, **degrees) -> dict:
     """`candidates_for`'s fixed keywords of a maxseq question (the command's and `memo_sim.api.max_seq`'s): the
     `MAXSEQ_DEGREES` given (None: searched), the MoE dispatcher and balance where not the defaults, the tensor-parallel
-    flavours asked for (`tp_flavours_asked`), the allocator configuration and the kernel fusion where given."""
+    flavours asked for (`tp_flavours_asked`), the allocator configuration and the launch settings (kernel fusion,
+    attention kernel, gradient overlap: `memo_sim.search.whatif.launch_overrides`) where given."""
     unknown = sorted(set(degrees) - set(MAXSEQ_DEGREES))
     if unknown:
         raise MemoError(f"maxseq_fixed: {', '.join(unknown)} not a maxseq option; give {', '.join(MAXSEQ_DEGREES)}")
@@ -545,8 +547,9 @@ def maxseq_fixed(tp_mode: str | None, moe_dispatcher: str = "alltoall", moe_bala
     fixed["tp_mode"] = tp_flavours_asked(tp_mode, degrees.get("tp"))
     if alloc_conf is not None:
         fixed["alloc_conf"] = alloc_conf
-    if kernel_fusion is not None:
-        fixed["kernel_fusion"] = kernel_fusion
+    for k, v in (("kernel_fusion", kernel_fusion), ("attention", attention), ("grad_overlap", grad_overlap)):
+        if v is not None:
+            fixed[k] = v
     return fixed
 
 

@@ -22,6 +22,7 @@ from memo_sim.layout.schedule import schedule_runs_policy
 from memo_sim.policy import prices_model
 from memo_sim.model.config import ModelConfig, framework_field_moves
 from memo_sim.plan.schema import Plan
+from memo_sim.profile.attention_kernels import ATTENTION_KERNELS
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.prune import SIMULATE_BOUND
 from memo_sim.search.candidate import Candidate
@@ -36,7 +37,7 @@ from memo_sim.search.whatif import (NO_VALID_LAYOUT, WhatIfResult, candidates_fo
 FIXING = ("batch", "global_batch", "micro_batch", "tp", "cp", "ulysses", "dp", "zero", "sp", "alpha", "tp_mode",
           "metp_across_nodes", "pp", "vpp", "schedules", "subseqs", "partition", "multiplex", "optimizer_offload",
           "first_stage_layers", "last_stage_layers", "chunk_layers", "ep", "etp", "moe_dispatcher", "moe_balance", "dp_mode",
-          "alloc_conf", "allocator", "rank_order", "ep_overlap", "kernel_fusion")
+          "alloc_conf", "allocator", "rank_order", "ep_overlap", "kernel_fusion", "attention", "grad_overlap")
 SPPO_FLAGS = ("subseqs", "partition", "multiplex")  # SPPO's own options: with none of --policy, they plan SPPO
 
 
@@ -48,14 +49,14 @@ FIELD_FLAGS = {
     "sp": "--sp", "optimizer_offload": "--optimizer-offload", "tp_mode": "--tp-mode",
     "metp_across_nodes": "--metp-across-nodes", "ep": "--ep", "etp": "--etp", "moe_dispatcher": "--moe-dispatcher",
     "moe_balance": "--moe-balance", "ep_overlap": "--ep-overlap", "dp_mode": "--dp-mode", "alloc_conf": "--alloc-conf", "allocator": "--allocator",
-    "kernel_fusion": "--kernel-fusion",
+    "kernel_fusion": "--kernel-fusion", "attention": "--attention", "grad_overlap": "--grad-overlap",
     "rank_order": "--rank-order", "policies": "--policy", "alpha": "--alpha", "pp": "--pp", "vpp": "--vpp",
     "first_stage_layers": "--decoder-first-pipeline-num-layers",
     "last_stage_layers": "--decoder-last-pipeline-num-layers", "chunk_layers": "--pipeline-model-parallel-layout",
     "schedules": "--schedule", "subseqs": "--subseqs", "partition": "--partition", "multiplex": "--multiplex",
     "framework": "--framework", "simulate_top": "--simulate-top", "allocator_lag": "--allocator-lag", "jobs": "--jobs",
 }
-BOOL_FLAGS = ("sp", "optimizer_offload", "multiplex", "metp_across_nodes", "ep_overlap")  # --x is x=True, --no-x x=False
+BOOL_FLAGS = ("sp", "optimizer_offload", "multiplex", "metp_across_nodes", "ep_overlap", "grad_overlap")  # --x is x=True, --no-x x=False
 # the command's options that are not the request's fields, in the request's words (the model's own options set
 # fields of the ModelConfig; the profile's is the request's profile)
 _OTHER_WORDS = {
@@ -211,6 +212,9 @@ class WhatifRequest:
     dp_mode: str | None = None  # data-parallel flavours searched: zero, fsdp or all (None: the framework's first)
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF over the framework's (`memo_sim.layout.alloc_conf`)
     kernel_fusion: str | None = None  # fused | compiled | eager over the framework's (`memo_sim.model.kernel_fusion`)
+    # the attention kernel over the framework's (`memo_sim.profile.attention_kernels`; None: the framework's)
+    attention: str | None = None
+    grad_overlap: bool | None = None  # data-parallel gradients reduced beside the backward, or after it (None: the framework's)
     allocator: str = "caching"  # caching | plan | both: who places the transients of policies without MEMO's plan
     rank_order: str | None = None  # rank orders a pipeline is tried in: one, or all (None: the framework's first)
     # the activation policies and schedules
@@ -273,7 +277,9 @@ class WhatifRequest:
                                                                        else ", or None to search it"))
             if name in ("gpus", "tp", "cp", "ulysses", "dp", "pp", "vpp", "ep", "etp") and v > MAX_DEGREE:
                 raise bad(name, f"give at most {MAX_DEGREE:,} (the command's limit: more is a typo, not a cluster)")
-        for name in ("sp", "optimizer_offload", "multiplex"):
+        if self.attention is not None and self.attention not in ATTENTION_KERNELS:
+            raise bad("attention", f"give one of {', '.join(ATTENTION_KERNELS)}, or None for the framework's")
+        for name in ("sp", "optimizer_offload", "multiplex", "grad_overlap"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise bad(name, "give True, False, or None to search it")
         if not isinstance(self.metp_across_nodes, bool):
@@ -414,10 +420,11 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
     memo_on_framework = None  # memo's best with the framework's mechanisms: what of the gap its layout and policy give
     if memo_best is not None and memo_best.sppo is None:
         fw = get_framework(req.framework)
-        from memo_sim.search.whatif import _adapter  # noqa: PLC0415
+        from memo_sim.search.whatif import _adapter, launch_overrides  # noqa: PLC0415
 
         # the user's --alloc-conf on top, as the ranked plans have it (a review: "expandable_segments True -> False")
-        lay = _adapter(lambda x: fw.adapt(x, req.profile), req.alloc_conf, req.kernel_fusion)(memo_best.layout)
+        lay = _adapter(lambda x: fw.adapt(x, req.profile), req.alloc_conf, launch_overrides(
+            req.kernel_fusion, req.attention, req.grad_overlap))(memo_best.layout)
         if req.ep_overlap and memo_best.policy.ep_overlap_ok:  # the overlap asked for, where the layout runs it (a
             lay = with_ep_overlap(lay, memo_best.model)  # review: the gap it makes was put on memo's layout and policy)
         why = framework_runs_why_not(fw, lay, memo_best, req)

@@ -45,6 +45,7 @@ from memo_sim.tp import TP_MODES, tp_flavour
 from memo_sim.memplan.footprint import memory_breakdown
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy import get_policy, policy_class, policy_names, prices_model
+from memo_sim.profile.attention_kernels import attention_kernel
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.search.candidate import Candidate, binding_words, host_memory_words  # noqa: F401  (re-exported)
 from memo_sim.search.estimate import estimate_iteration, memo_alpha
@@ -129,18 +130,43 @@ def _allocator_variants(layouts: list[Layout], allocator: str) -> list[Layout]:
     return {"caching": layouts, "plan": planned, "both": [x for pair in zip(layouts, planned) for x in pair]}[allocator]
 
 
+def _attention_why_not(attention: str, model: ModelConfig, profile: HardwareProfile) -> None:
+    """One `MemoError` line where ``--attention`` cannot run the model on the profile: a kernel the profile gives no
+    curves for, a head dim the kernel does not run (`memo_sim.profile.attention_kernels`)."""
+    spec = attention_kernel(attention)
+    try:
+        profile.efficiency.priced_attention_kernel(attention)
+    except ValueError:
+        raise MemoError(f"--attention {attention}: profile {profile.name} gives no efficiency curves for {spec.words} "
+                        f"(efficiency.attention_{attention}_fwd / _bwd); choose another --attention or a profile that "
+                        "gives them") from None
+    why = spec.why_not(model.qk_head_dim)
+    if why:
+        raise MemoError(f"--attention {attention}: model {model.name}: {why.replace('use attention', 'use --attention')}")
+
+
+def launch_overrides(kernel_fusion: str | None = None, attention: str | None = None,
+                     grad_overlap: bool | None = None) -> dict:
+    """The layout settings a user's launch line sets over the framework's data (each None: the framework's): how the
+    memory-bound kernels are built (``kernel_fusion``: fused, compiled or eager), the attention kernel
+    (``attention``, `memo_sim.profile.attention_kernels`), the gradients reduced beside the backward or after it
+    (``grad_overlap``: Megatron-LM's --overlap-grad-reduce, off by default in its arguments)."""
+    return {k: v for k, v in (("kernel_fusion", kernel_fusion), ("attention", attention),
+                              ("grad_overlap", grad_overlap)) if v is not None}
+
+
 def _adapter(adapt: Callable[[Layout], Layout], alloc_conf: str | None,
-             kernel_fusion: str | None = None) -> Callable[[Layout], Layout]:
-    """The framework's ``adapt`` with the user's allocator settings and kernel fusion (``Layout.kernel_fusion``:
-    fused, compiled or eager) on top (None: the framework's)."""
-    if alloc_conf is None and kernel_fusion is None:
+             overrides: dict | None = None) -> Callable[[Layout], Layout]:
+    """The framework's ``adapt`` with the user's allocator settings and launch settings (`launch_overrides`) on top
+    (None: the framework's)."""
+    if alloc_conf is None and not overrides:
         return adapt
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
 
     def adapted(lay: Layout) -> Layout:
         lay = adapt(lay)
-        if kernel_fusion is not None:
-            lay = replace(lay, kernel_fusion=kernel_fusion)
+        if overrides:
+            lay = replace(lay, **overrides)
         if conf is None:
             return lay
         expandable = lay.expandable_segments if conf.expandable_segments is None else conf.expandable_segments
@@ -201,7 +227,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                    chunk_layers: tuple[int, ...] | None = None, ep: int | None = None, etp: int | None = None, moe_dispatcher: str = "alltoall",
                    moe_balance: str = "dropless", dp_mode: str | None = None, alloc_conf: str | None = None,
                    allocator: str = "caching", rank_order: str | None = None, ep_overlap: bool = False,
-                   kernel_fusion: str | None = None,
+                   kernel_fusion: str | None = None, attention: str | None = None,
+                   grad_overlap: bool | None = None,
                    sppo_beside: Callable[..., SppoBeside] | None = None,
                    pipeline_floor: Callable[[list[Candidate]], float | None] | None = None,
                    on_stage: Callable[[str], None] | None = None, offload_beside: bool = False) -> WhatIfResult:
@@ -240,7 +267,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
     of them; None: the framework's first (``any``: zero; torchtitan: fsdp). ``alloc_conf``: the
     caching allocator's settings as ``PYTORCH_CUDA_ALLOC_CONF`` writes them, over the framework's
     (`memo_sim.layout.alloc_conf`; None: the framework's). ``kernel_fusion``: how every candidate's memory-bound
-    kernels are built (`memo_sim.model.kernel_fusion`: fused, compiled or eager; None: the framework's).
+    kernels are built (`memo_sim.model.kernel_fusion`: fused, compiled or eager; None: the framework's);
+    ``attention``: the attention kernel every candidate runs (`memo_sim.profile.attention_kernels`; None: the
+    framework's); ``grad_overlap``: the data-parallel gradients reduced beside the backward (True) or after it
+    (False; None: the framework's), as a launch line sets them (`launch_overrides`).
     ``allocator``: who places the transients
     of the policies without MEMO's plan: ``caching`` (PyTorch's caching allocator, as the
     frameworks run), ``plan`` (a static memory plan, `Layout.memory_plan`) or ``both`` side by side
@@ -277,6 +307,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                         f"(dense); drop them")
     if model.moe and (ep or 1) > 1 and model.experts % ep:
         raise MemoError(f"--ep {ep}: the {model.experts} experts do not split evenly; pick a divisor of {model.experts}")
+    if attention is not None:
+        _attention_why_not(attention, model, profile)
     modes = tp_modes_of(tp_mode)
     if kernel_fusion == "eager":  # async TP is a torch.compile pass (`memo_sim.tp.async_tp`)
         if tp_mode != "all" and tp_flavour(tp_mode).async_collectives:
@@ -332,7 +364,8 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
         why = measured_why_not(parse_balance(moe_balance), model.experts, model.top_k)
         if why:
             raise MemoError(f"--moe-balance: {why}")
-    adapt = _adapter(lambda lay: fw.adapt(lay, profile), alloc_conf, kernel_fusion)
+    adapt = _adapter(lambda lay: fw.adapt(lay, profile), alloc_conf,
+                     launch_overrides(kernel_fusion, attention, grad_overlap))
     pipe_adapt = adapt if allocator != "plan" else (lambda lay: replace(adapt(lay), memory_plan=True))
     if dp_mode is not None and dp_mode != "all" and dp_mode not in fw.dp_modes:
         raise MemoError(f"--dp-mode {dp_mode}: {fw.name} runs {', '.join(fw.dp_modes)}; choose one of them or all")
@@ -1039,6 +1072,8 @@ PINNABLE: dict[str, tuple[object, Callable[[object], str] | None, str]] = {
     "ep_overlap": (False, _switch_words("--ep-overlap", "--no-ep-overlap"), "default"),
     "alloc_conf": (None, _value_words("--alloc-conf"), "default"),
     "kernel_fusion": (None, _value_words("--kernel-fusion"), "default"),
+    "attention": (None, _value_words("--attention"), "default"),
+    "grad_overlap": (None, _switch_words("--grad-overlap", "--no-grad-overlap"), "default"),
     "allocator": ("caching", _value_words("--allocator"), "default"),
     "tp_mode": ("all", None, "sentence"),
     "metp_across_nodes": (False, None, "sentence"),

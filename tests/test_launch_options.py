@@ -1,0 +1,82 @@
+"""What a launch line sets over a framework's data, as `memo-sim whatif` / `maxseq` options and
+`memo_sim.api.WhatifRequest` fields: the attention kernel (--attention) and the gradients reduced beside the backward
+or after it (--grad-overlap / --no-grad-overlap; Megatron-LM's --overlap-grad-reduce is off in its arguments, so a
+script that does not pass it runs the gradients after the backward). Each moves the priced plan as the mechanism does,
+and what cannot run is refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from memo_sim import api
+from memo_sim.cli import cli
+from memo_sim.errors import MemoError
+from memo_sim.plan.schema import read_plan
+
+GPT = ["--layers", "4", "--hidden", "2048", "--heads", "16", "--vocab", "32000", "--seq", "16K"]
+
+
+def _whatif(*args: str, tmp=None):
+    out = ["--out", str(tmp)] if tmp else ["--no-plan"]
+    return CliRunner().invoke(cli, ["whatif", *GPT, "--gpus", "8", "--policy", "full_recompute", "--tp", "8",
+                                    "--sp", "--pp", "1", "--jobs", "1", "--json", *out, *args])
+
+
+def _best(r) -> dict:
+    """The answer's first candidate (the best simulated plan), as --json lists it."""
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)["candidates"][0]
+
+
+def test_the_attention_kernel_over_the_frameworks(tmp_path):
+    """On an A100 the Triton kernel runs the same plan slower than FlashAttention-2 (its own curves, `tests/
+    test_attention_triton.py`); the plan written carries it, and a plan reader takes it back."""
+    flash = _best(_whatif("--profile", "a100-sxm4-80gb"))
+    triton = _best(_whatif("--profile", "a100-sxm4-80gb", "--attention", "flash_triton", tmp=tmp_path))
+    assert "flash_triton" in triton["layout"] and "flash_triton" not in flash["layout"]
+    assert triton["simulated_iteration_s"] > 1.2 * flash["simulated_iteration_s"]
+    plan = read_plan(tmp_path / "plan.json")
+    assert plan.layout.attention == "flash_triton" and plan.priced_attention_kernel() == "flash_triton"
+
+
+def test_what_cannot_run_the_kernel_is_refused_in_one_line():
+    for args, words in ((("--profile", "h100-sxm5-80gb", "--attention", "flash_triton"),
+                         "profile h100-sxm5-80gb gives no efficiency curves for FlashAttention's Triton kernel"),
+                        (("--profile", "a100-sxm4-80gb", "--attention", "flash_triton", "--head-dim", "256"),
+                         "runs head dims up to 128")):
+        r = _whatif(*args)
+        assert r.exit_code == 2 and r.output.count("\n") == 1 and words in r.output, r.output
+        assert "--attention flash_triton" in r.output and "Traceback" not in r.output
+
+
+def test_gradients_after_the_backward():
+    """--no-grad-overlap reduces the data-parallel gradients after the whole backward: the same layout, slower, with
+    serial-grads in its label; --grad-overlap is the framework data's own default here."""
+    base = ["whatif", *GPT, "--gpus", "8", "--profile", "h100-sxm5-80gb", "--policy", "full_recompute", "--tp", "1",
+            "--dp", "8", "--zero", "1", "--pp", "1", "--framework", "megatron", "--jobs", "1", "--json", "--no-plan"]
+    runs = {flag: _best(CliRunner().invoke(cli, base + ([flag] if flag else []))) for flag in
+            ("", "--grad-overlap", "--no-grad-overlap")}
+    assert runs[""]["layout"] == runs["--grad-overlap"]["layout"]
+    assert runs[""]["layout_degrees"].get("grad_overlap", True) is True
+    assert runs["--no-grad-overlap"]["layout_degrees"]["grad_overlap"] is False
+    assert "serial-grads" in runs["--no-grad-overlap"]["layout"] and "serial-grads" not in runs[""]["layout"]
+    assert runs["--no-grad-overlap"]["simulated_iteration_s"] > runs[""]["simulated_iteration_s"]
+
+
+def test_the_request_fields_and_maxseq():
+    model = api.get_model("llama-3.1-8b")
+    with pytest.raises(MemoError, match="attention"):
+        api.WhatifRequest(model=model, seq=8192, gpus=8, profile="a100-sxm4-80gb", attention="bogus")
+    with pytest.raises(MemoError, match="grad_overlap"):
+        api.WhatifRequest(model=model, seq=8192, gpus=8, profile="a100-sxm4-80gb", grad_overlap="no")
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "a100-sxm4-80gb",
+                                 "--tp", "8", "--policy", "full_recompute", "--step", "64K", "--jobs", "1", "--json"])
+    t = CliRunner().invoke(cli, ["maxseq", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "a100-sxm4-80gb",
+                                 "--tp", "8", "--policy", "full_recompute", "--step", "64K", "--jobs", "1", "--json",
+                                 "--attention", "flash_triton", "--no-grad-overlap"])
+    assert r.exit_code == 0 and t.exit_code == 0, (r.output, t.output)
+    flash, triton = (json.loads(x.output)["answers"][0] for x in (r, t))
+    assert "flash_triton" in triton["best"]["layout"] and "flash_triton" not in flash["best"]["layout"]
