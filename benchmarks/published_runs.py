@@ -1749,6 +1749,13 @@ HISTORY = (
      "lines do (no --overlap-grad-reduce: grad_overlap off; the megatron data's overlap before)",
      {"moe-flagperf-mixtral-8x7b": -0.400, "moe-flagperf-qwen1.5-moe-bf16": -0.184,
       "moe-flagperf-qwen1.5-moe-fp16": -0.174}),
+    ("b4f75ef", "2026-12-05", "before a ring's latency across nodes paid the inter-node link's only on the hops that "
+     "leave a node (nodes - 1 of its g - 1 steps, NCCL's tuning model; every step paid it before)",
+     {"megatron2024-1.7B": -0.204, "megatron2024-7.1B": -0.165, "megatron2024-16B": -0.067,
+      "torchtitan-t3-fsdp128": -0.048, "torchtitan-t3-fsdp128-compile": -0.105,
+      "torchtitan-t3-fsdp128-compile-float8": -0.036, "xtuner-yi-34b-128k-sp8": -0.034, "mds4sci-tp32-16k": 0.271,
+      "mds4sci-tp32-32k": 0.153, "mds4sci-tp32-64k": 0.094, "mds4sci-tp32-128k": 0.133, "mds4sci-tp32-256k": -0.151,
+      "moe-zoo-qwen3-235b-a3-fsdp": 0.177}),
 )
 
 
@@ -2085,6 +2092,14 @@ STEPS = (
      "FlagPerf MoE rows' gradients reduced after the backward as their launch lines have it (no "
      "--overlap-grad-reduce): -40.0% / -18.4% / -17.4% to -39.9% / -18.3% / -17.4%: dense 48 predicted at 10.9% / "
      "31.1%, long-context 25 at 14.5% / 31.1%, the FP8 rows 14 at 14.6% / 28.9%, the MoE group 18 at 18.8% / 45.9%"),
+    ("a ring's latency across nodes", "a ring collective over nodes pays the inter-node link's latency only on the hops "
+     "that leave a node, nodes - 1 of its g - 1 steps (all-reduce twice over), NVLink's on the rest (NCCL's tuning "
+     "model, src/graph/tuning.cc; every step paid the inter-node latency before): mds4sci-tp32-16k / 32k / 64k / 128k / "
+     "256k +27.1% / +15.3% / +9.4% / +13.3% / -15.1% to +17.7% / +11.4% / +8.0% / +12.8% / -15.3%, "
+     "moe-zoo-qwen3-235b-a3-fsdp +17.7% to +15.2%, the multi-node data-parallel rows 0.1-0.5 points faster "
+     "(megatron2024-1.7B -20.4% to -20.9%, torchtitan-t3-fsdp128-compile -10.5% to -10.9%): dense 48 predicted at "
+     "10.6% / 31.1%, long-context 25 at 13.9% / 31.1%, the FP8 rows 14 at 14.6% / 28.9%, the MoE group 18 at 18.7% / "
+     "45.9%"),
 )
 
 

@@ -82,7 +82,7 @@ def test_deepspeed_gathers_every_weight_in_one_collective_after_the_step(zero):
     link = coll.group_link(H100, 16, 1, 16)
     assert link is H100.internode and coll.group_node_ranks(lay, 16, 1, H100) == 8
     assert s.step_gather == pytest.approx(coll.ring_allgather_time(M.recipe.weight_bytes * every.local, 16,
-                                                                   *coll.ring_params(H100, link, "all_gather", 8)))
+                                                                   *coll.ring_params(H100, link, "all_gather", 8, 16)))
     # by hand: Llama-3.1-8B's 16 GB of bf16 weights over two nodes, the ring's node hop on the 8 GPUs' shares of
     # the node's NICs (8 x 50 GB/s; `coll.ring_params`): 15/16 x 16 GB / 400 GB/s, about 0.04 s exposed
     assert 0.03 < s.step_gather < 0.05

@@ -49,6 +49,26 @@ def test_ring_params_scale_the_inter_node_share_and_stop_at_nvlink():
         assert coll.ring_params(H100, H100.internode, collective, 64)[0] == pytest.approx(nv)
 
 
+def test_a_rings_latency_crosses_the_node_boundary_once_a_node():
+    """The ring's chunks pass its g - 1 hops in a pipeline; of those, nodes - 1 leave a node (NCCL's tuning model,
+    src/graph/tuning.cc: (nsteps - nInterSteps) x intraLat + nInterSteps x interLat, nInterSteps = nNodes - 1 for an
+    all-gather or reduce-scatter, 2 (nNodes - 1) for an all-reduce's 2 (nRanks - 1) steps): the per-step latency
+    ring_params gives is their mean, so the formulas' (g - 1) x lat is the sum. One rank a node: every hop leaves it."""
+    nv_lat, ib_lat = float(A100.nvlink.latency), float(A100.internode.latency)
+    for collective in ("all_gather", "reduce_scatter", "all_reduce"):
+        for g, nodes in ((16, 2), (32, 4), (128, 16)):
+            lat = coll.ring_params(A100, A100.internode, collective, 8, g)[1]
+            assert (g - 1) * lat == pytest.approx((g - nodes) * nv_lat + (nodes - 1) * ib_lat)
+            assert coll.ring_allgather_time(0.0, g, 1.0, lat) == pytest.approx((g - nodes) * nv_lat
+                                                                              + (nodes - 1) * ib_lat)
+        assert coll.ring_params(A100, A100.internode, collective, 1, 16)[1] == ib_lat
+        assert coll.ring_params(A100, A100.internode, collective, 8)[1] == ib_lat  # the group's size not given
+    # the TP-32 ring's 31 steps: 3 x 15 us + 28 x 8 us = 269 us where every step at 15 us gave 465 us
+    prof = load_profile("a100-sxm4-40gb")
+    lat = coll.tp_params(prof, Layout(tp=32, sp=True), "all_gather")[1]
+    assert 31 * lat == pytest.approx(269e-6)
+
+
 def test_inter_node_fit_is_kept_as_measured():
     """A collective the profile measured on the inter-node link (`Link.collectives`) keeps its fit as measured;
     the others ride the node ranks' shares."""
@@ -80,8 +100,9 @@ def test_data_group_gathers_ride_the_node_ranks_shares():
     p = layer_gpu_params(M, whole)
     nbytes = M.recipe.weight_bytes * (p.local - p.expert_local)
     assert s.link == "internode"
-    assert s.layer_gather == pytest.approx(coll.ring_allgather_time(nbytes, 16, 100 * GB,
-                                                                    float(A100.internode.latency)))
+    # its latency: 14 NVLink hops and the one that leaves the first node (`test_a_rings_latency_...`)
+    lat = (14 * float(A100.nvlink.latency) + float(A100.internode.latency)) / 15
+    assert s.layer_gather == pytest.approx(coll.ring_allgather_time(nbytes, 16, 100 * GB, lat))
     sparse = Layout(tp=8, dp=16, zero=3)
     s8 = grad_sync(M, sparse, A100)
     p8 = layer_gpu_params(M, sparse)

@@ -87,7 +87,8 @@ def link_params(link: Link, collective: str | None = None) -> tuple[float, float
     return float(fit.bandwidth), float(fit.latency)
 
 
-def ring_params(profile: HardwareProfile, link: Link, collective: str, node_ranks: int = 1) -> tuple[float, float]:
+def ring_params(profile: HardwareProfile, link: Link, collective: str, node_ranks: int = 1,
+                g: int = 0) -> tuple[float, float]:
     """(bandwidth, latency) that price ring ``collective`` (all-gather, reduce-scatter, all-reduce: the ring's or
     the tree's formula) over a group with at least ``node_ranks`` of its ranks on every node it touches
     (`group_node_ranks`). Across nodes NCCL's ring passes through the group's ranks on a node over NVLink and enters
@@ -97,10 +98,22 @@ def ring_params(profile: HardwareProfile, link: Link, collective: str, node_rank
     own shares), no faster than the ring's NVLink hops inside the node. nccl-tests' all_reduce_perf over 3 nodes of
     8 A100s with 4 HDR NICs each measured 85-96 GB/s bus bandwidth (NVIDIA/nccl-tests issue 119), about the node's
     100 GB/s of NICs where one GPU's share is 12.5. ``link`` as `link_params` takes it; a collective the profile
-    measured on the inter-node link (`Link.collectives`) keeps its fit as measured."""
+    measured on the inter-node link (`Link.collectives`) keeps its fit as measured.
+
+    The latency: the ring's data follows itself around the ring in chunks, so its g - 1 steps (all-reduce: twice that)
+    cost one hop's latency each, and of those hops only the ones that leave a node cross the inter-node link: with
+    ``node_ranks`` of the group's ``g`` ranks on each of its nodes, nodes - 1 of the g - 1, the rest NVLink's
+    (NCCL's own tuning model, src/graph/tuning.cc ncclTopoTuneModel: a ring's latency (nsteps - nInterSteps) x
+    intraLat + nInterSteps x interLat, nInterSteps = nNodes - 1 for all-gather and reduce-scatter, 2 (nNodes - 1) for
+    all-reduce). The per-step latency returned is their mean over the steps, so that the collective's formula gives
+    that sum; without ``g`` (or one rank a node) every step is the inter-node link's."""
     bw, lat = link_params(link, collective)
     if link is profile.internode and node_ranks > 1 and collective not in link.collectives:
-        bw = min(bw * node_ranks, link_params(profile.nvlink, collective)[0])
+        nv_bw, nv_lat = link_params(profile.nvlink, collective)
+        bw = min(bw * node_ranks, nv_bw)
+        if g > node_ranks:
+            nodes = min(g, -(-g // node_ranks))
+            lat = ((g - nodes) * nv_lat + (nodes - 1) * lat) / (g - 1)
     return bw, lat
 
 
@@ -142,7 +155,7 @@ def tp_params(profile: HardwareProfile, layout: Layout, collective: str) -> tupl
     ranks on a node over NVLink, across nodes on their share of the node's NICs."""
     link = layout_group_link(profile, layout, layout.tp, 1)
     nr = group_node_ranks(layout, layout.tp, 1, profile) if link is profile.internode else 1
-    return ring_params(profile, link, collective, nr)
+    return ring_params(profile, link, collective, nr, layout.tp)
 
 
 def alltoall_rank_time(size: float, g: int, local: int, profile: HardwareProfile) -> float:

@@ -80,15 +80,16 @@ class _Path:
     profile: HardwareProfile
     link: Link
     node_ranks: int = 1
+    ranks: int = 0  # the group's ranks (the ring's steps: `memo_sim.cost.collectives.ring_params`)
 
     def params(self, collective: str) -> tuple[float, float]:
-        return coll.ring_params(self.profile, self.link, collective, self.node_ranks)
+        return coll.ring_params(self.profile, self.link, collective, self.node_ranks, self.ranks)
 
 
 def _path(profile: HardwareProfile, layout: Layout, link: Link, g: int, stride: int) -> _Path:
     """The path of a group of ``g`` ranks ``stride`` apart in a stage's GPU order on ``link``."""
     nr = coll.group_node_ranks(layout, g, stride, profile) if link is profile.internode else 1
-    return _Path(profile, link, nr)
+    return _Path(profile, link, nr, g)
 
 
 def _reduce(layout: Layout, nbytes: float, g: int, path: _Path) -> float:
