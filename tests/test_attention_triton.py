@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from memo_sim.errors import ProfileError
 from memo_sim.cost.kernel_time import attention_bwd_time, attention_fwd_time
 from memo_sim.cost.layer_time import backward_costs, forward_costs
 from memo_sim.layout.parallel import Layout, check_layout
@@ -91,7 +92,7 @@ def test_a_layers_attention_on_the_triton_kernel():
 
 def test_what_cannot_run_it_is_refused_in_one_line():
     assert "flash_triton" in ATTENTION_KERNELS
-    with pytest.raises(ValueError, match="no efficiency curves for FlashAttention's Triton kernel"):
+    with pytest.raises(ProfileError, match="no efficiency curves for FlashAttention's Triton kernel"):
         load_profile("h100-sxm5-80gb").efficiency.priced_attention_kernel("flash_triton")
     wide = ModelConfig("wide-heads", 4, 4096, 16, 16384)  # head dim 256
     why = check_layout(Layout(tp=1, attention="flash_triton"), wide, 1, 1, 4096, 1)

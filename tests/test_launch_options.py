@@ -44,7 +44,7 @@ def test_the_attention_kernel_over_the_frameworks(tmp_path):
 
 def test_what_cannot_run_the_kernel_is_refused_in_one_line():
     for args, words in ((("--profile", "h100-sxm5-80gb", "--attention", "flash_triton"),
-                         "profile h100-sxm5-80gb gives no efficiency curves for FlashAttention's Triton kernel"),
+                         "profile h100-sxm5-80gb has no efficiency curves for FlashAttention's Triton kernel"),
                         (("--profile", "a100-sxm4-80gb", "--attention", "flash_triton", "--head-dim", "256"),
                          "runs head dims up to 128")):
         r = _whatif(*args)
@@ -80,3 +80,19 @@ def test_the_request_fields_and_maxseq():
     assert r.exit_code == 0 and t.exit_code == 0, (r.output, t.output)
     flash, triton = (json.loads(x.output)["answers"][0] for x in (r, t))
     assert "flash_triton" in triton["best"]["layout"] and "flash_triton" not in flash["best"]["layout"]
+
+
+def test_a_plan_on_a_profile_without_the_kernels_curves_is_refused_by_every_reader(tmp_path):
+    """A plan file whose profile gives no curves for its attention kernel (edited from an A100 to an H100): check-plan
+    and the executor's contract refuse it in the same one line (`memo_sim.search.plan_check.layout_problem`)."""
+    from memo_sim.plan.schema import read_plan
+    from memo_sim.search.plan_check import runnable_problems
+
+    _best(_whatif("--profile", "a100-sxm4-80gb", "--attention", "flash_triton", tmp=tmp_path))
+    text = (tmp_path / "plan.json").read_text().replace("a100-sxm4-80gb", "h100-sxm5-80gb")
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    r = CliRunner().invoke(cli, ["check-plan", str(bad)])
+    words = "layout: attention flash_triton: profile h100-sxm5-80gb has no efficiency curves"
+    assert r.exit_code == 2 and r.output.count("\n") == 1 and words in r.output, r.output
+    assert any(words in p for p in runnable_problems(read_plan(bad)))

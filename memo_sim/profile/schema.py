@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from memo_sim.errors import ProfileError
 from memo_sim.profile.attention_kernels import attention_kernel
 
 
@@ -250,15 +251,15 @@ class Efficiency:
     def priced_attention_kernel(self, kernel: str) -> str:
         """The kernel whose curves price a layout's attention ``kernel`` here: one with curves of its own
         (``cudnn``, ``flash_triton``) itself where the profile gives them, else its fallback (``cudnn``: FlashAttention-2's,
-        ``flash``); a kernel with no fallback and no curves here is refused (ValueError); any other kernel itself.
+        ``flash``); a kernel with no fallback and no curves here is refused (`ProfileError`); any other kernel itself.
         What the executor runs for a plan's ``auto`` backend follows it (`memo_sim.plan.Plan.priced_attention_kernel`)."""
         if kernel not in OWN_ATTENTION_CURVES or self._own_curves(kernel) is not None:
             return kernel
         spec = attention_kernel(kernel)
         if spec.fallback:
             return spec.fallback
-        raise ValueError(f"this profile gives no efficiency curves for {spec.words} (attention {kernel}): add "
-                         f"efficiency.attention_{kernel}_fwd and _bwd to the profile, or plan with attention flash")
+        raise ProfileError(f"no efficiency curves for {spec.words} (efficiency.attention_{kernel}_fwd / _bwd): add "
+                           "them to the profile, or choose another attention kernel")
 
     def attention_score_times(self, block: str = "") -> tuple[Quantity, Quantity]:
         """(forward, backward) seconds per score element beside `attention_curves`'s curves: the

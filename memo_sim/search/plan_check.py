@@ -42,7 +42,9 @@ def plan_problems(plan: Plan) -> list[str]:
 def layout_problem(plan: Plan, profile) -> str | None:
     """The plan's layout against its model, length and ``profile``'s nodes, as the what-if checks a candidate
     (`memo_sim.layout.parallel.check_layout`): ``layout: why; fix``, or None (a review: a plan edited to 131,073
-    tokens under CP 4 and SP was valid for check-plan and exported, where the what-if refuses that length)."""
+    tokens under CP 4 and SP was valid for check-plan and exported, where the what-if refuses that length), and an
+    attention kernel the profile gives no curves for (`memo_sim.profile.attention_kernels`: FlashAttention's Triton
+    kernel off the A100 profiles)."""
     # the node as memo-exec validate sizes it (its plans run every rank on one machine: a CPU profile's node is one
     # device), so a plan's TP is not held to the profile's node here; the what-if's search is. The MoE dispatcher's
     # kernels see the profile's own node (a review: a 16-GPU DeepEP plan on 8-GPU nodes, written by the what-if,
@@ -51,6 +53,11 @@ def layout_problem(plan: Plan, profile) -> str | None:
                        plan.micro_batch or plan.batch, node_gpus=profile.node_gpus)
     if why:
         return f"layout: {seq_fix_names(why, 'seq_tokens')}"
+    for kernel in dict.fromkeys((plan.layout.attention, plan.layout.block_kernel)):  # one the profile cannot price
+        try:
+            profile.efficiency.priced_attention_kernel(kernel)
+        except MemoError as e:
+            return f"layout: attention {kernel}: profile {profile.name} has {e}"
     # the policy against the model and layout, as the what-if leaves a pair out (a review: a hand-made plan of
     # selective recompute on METP was refused by memo-exec only after its ranks had started)
     why = (plan.policy.experts_why_not(plan.model) or plan.policy.model_why_not(plan.model)

@@ -279,9 +279,11 @@ class WhatifRequest:
                 raise bad(name, f"give at most {MAX_DEGREE:,} (the command's limit: more is a typo, not a cluster)")
         if self.attention is not None and self.attention not in ATTENTION_KERNELS:
             raise bad("attention", f"give one of {', '.join(ATTENTION_KERNELS)}, or None for the framework's")
-        for name in ("sp", "optimizer_offload", "multiplex", "grad_overlap"):
+        for name in ("sp", "optimizer_offload", "multiplex"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
                 raise bad(name, "give True, False, or None to search it")
+        if self.grad_overlap is not None and not isinstance(self.grad_overlap, bool):
+            raise bad("grad_overlap", "give True, False, or None for the framework's")
         if not isinstance(self.metp_across_nodes, bool):
             raise bad("metp_across_nodes", "give True or False")
         if not isinstance(self.ep_overlap, bool):

@@ -133,14 +133,11 @@ def _allocator_variants(layouts: list[Layout], allocator: str) -> list[Layout]:
 def _attention_why_not(attention: str, model: ModelConfig, profile: HardwareProfile) -> None:
     """One `MemoError` line where ``--attention`` cannot run the model on the profile: a kernel the profile gives no
     curves for, a head dim the kernel does not run (`memo_sim.profile.attention_kernels`)."""
-    spec = attention_kernel(attention)
     try:
         profile.efficiency.priced_attention_kernel(attention)
-    except ValueError:
-        raise MemoError(f"--attention {attention}: profile {profile.name} gives no efficiency curves for {spec.words} "
-                        f"(efficiency.attention_{attention}_fwd / _bwd); choose another --attention or a profile that "
-                        "gives them") from None
-    why = spec.why_not(model.qk_head_dim)
+    except MemoError as e:
+        raise MemoError(f"--attention {attention}: profile {profile.name} has {e}") from None
+    why = attention_kernel(attention).why_not(model.qk_head_dim)
     if why:
         raise MemoError(f"--attention {attention}: model {model.name}: {why.replace('use attention', 'use --attention')}")
 
