@@ -96,3 +96,48 @@ def test_a_plan_on_a_profile_without_the_kernels_curves_is_refused_by_every_read
     words = "layout: attention flash_triton: profile h100-sxm5-80gb has no efficiency curves"
     assert r.exit_code == 2 and r.output.count("\n") == 1 and words in r.output, r.output
     assert any(words in p for p in runnable_problems(read_plan(bad)))
+
+
+@pytest.mark.parametrize("framework, to, zero", [("megatron", "megatron", "1"), ("deepspeed", "deepspeed", "2")])
+def test_an_export_writes_the_plans_gradient_overlap(tmp_path, framework, to, zero):
+    """A plan searched for a framework with --no-grad-overlap is written without the overlap (Megatron-LM: no
+    --overlap-grad-reduce, off in its own arguments; DeepSpeed: overlap_comm false) and priced as the plan is, every
+    part of it expressed (a review: the script overlapped them, priced 10% faster than the plan); the framework's own
+    overlap is written for a plan with it, and for a plan of another framework (its mechanisms)."""
+    from memo_sim.export import export_plan  # noqa: PLC0415
+
+    base = ["whatif", *GPT, "--gpus", "8", "--profile", "h100-sxm5-80gb", "--policy", "full_recompute", "--tp", "1",
+            "--dp", "8", "--zero", zero, "--pp", "1", "--framework", framework, "--jobs", "1"]
+    written = {}
+    for flag in ("--no-grad-overlap", "--grad-overlap"):
+        out = tmp_path / flag
+        r = CliRunner().invoke(cli, [*base, flag, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        plan = read_plan(out / "plan.json")
+        assert plan.layout.grad_overlap is (flag == "--grad-overlap")
+        ex = export_plan(plan, to, price=True, nearest=True)
+        assert ex.nearest is None or not any("grad_overlap" in m for m in ex.nearest["mechanisms"]), ex.nearest
+        if to == "megatron":
+            written[flag] = "--overlap-grad-reduce" in ex.files["megatron.sh"]
+        else:
+            written[flag] = json.loads(ex.files["ds_config.json"])["zero_optimization"]["overlap_comm"]
+        if flag == "--no-grad-overlap":  # the other framework's plan: its overlap is the target's own, named
+            other = export_plan(plan, "torchtitan" if to == "megatron" else "megatron", price=True, nearest=True)
+            assert other.nearest is not None and "grad_overlap False -> True" in other.nearest["mechanisms"]
+    assert written == {"--no-grad-overlap": False, "--grad-overlap": True}
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "torchtitan@2024-12"])
+def test_no_grad_overlap_is_refused_where_no_setting_defers_the_gradients(framework):
+    """torchtitan's FSDP2 and DDP reduce in their backward hooks: --no-grad-overlap there is a plan it cannot run, refused
+    in one line naming the framework (where Megatron-LM and DeepSpeed write it: no --overlap-grad-reduce,
+    overlap_comm false), for the what-if, maxseq and the request alike."""
+    r = _whatif("--profile", "h100-sxm5-80gb", "--framework", framework, "--no-grad-overlap")
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert f"--no-grad-overlap: {framework} reduces the data-parallel gradients beside the backward only" in r.output
+    r = CliRunner().invoke(cli, ["maxseq", "--model", "llama-3.1-8b", "--gpus", "8", "--profile", "h100-sxm5-80gb",
+                                 "--framework", framework, "--no-grad-overlap"])
+    assert r.exit_code == 2 and "--no-grad-overlap" in r.output and "Traceback" not in r.output, r.output
+    with pytest.raises(MemoError, match="reduces the data-parallel gradients beside the backward only"):
+        api.whatif(api.WhatifRequest(model="llama-3.1-8b", gpus=8, seq="8K", profile="h100-sxm5-80gb",
+                                     framework=framework, grad_overlap=False))

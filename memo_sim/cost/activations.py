@@ -193,7 +193,10 @@ def _op_sac_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> t
     graph's nodes and AOTAutograd's partitioner saves a tagged output only where the backward graph reads it
     (`memo_sim.cost.op_sac_saves.backward_reads`: the combine's output and topk's indices of those)."""
     tensors = layer_tensors(model, layout.tp_mode)
-    skeletal = frozenset(n for n, t in tensors.items() if t.saved and t.role != "lse")
+    # summed in the layer's tensor order: a set's order of strings changes with the process's hash seed, and so did
+    # the float sums over it, in their last bits (2026-12-05: two runs of one what-if differed in 121 rows' bytes)
+    ordered = tuple(n for n, t in tensors.items() if t.saved and t.role != "lse")
+    skeletal = frozenset(ordered)
     kept = sum(tensor_bytes(tensors[n], layout, batch, seq)
                for n in op_sac_saves.kept_tensors(model, model.moe and layout.ep > 1) if n in skeletal)
     d = DTYPE_BYTES[model.dtype]
@@ -212,7 +215,7 @@ def _op_sac_bytes(model: ModelConfig, layout: Layout, batch: int, seq: int) -> t
             kept += out
         else:
             extras[f"{p.op}_out"] = extras.get(f"{p.op}_out", 0.0) + out
-    dropped = sum(saved_bytes(tensors[n], model, layout, batch, seq) for n in skeletal) - kept
+    dropped = sum(saved_bytes(tensors[n], model, layout, batch, seq) for n in ordered) - kept
     if layout.sp and layout.tp > 1:
         extras["reduce_scattered"] = sum(tokens / layout.tp * model.hidden * d
                                          for op in ops.values() if op.tp_comm_after == "reduce")

@@ -257,14 +257,29 @@ def nearest_model(plan: Plan, gaps: list[Gap], framework: str | None = None, pro
     return model
 
 
-def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None = None) -> dict | None:
+def kept_launch(plan: Plan, gaps: list[Gap], framework: str, fields: tuple[str, ...]) -> dict:
+    """The launch settings (``fields``: layout fields a launch line sets, `memo_sim.search.whatif.launch_overrides`'
+    ``grad_overlap``, ...) the exporter writes from the plan's nearest layout, not from ``framework``'s data: those of a
+    plan searched for the same framework (any version: its name before '@'), where the user may have pinned them
+    (``whatif --framework megatron --no-grad-overlap``: a review found the script written with --overlap-grad-reduce
+    and priced 10% faster than the plan, every part of it expressible); {} for a plan of another framework, which runs
+    the target's own (`Framework.adapt`, named among the nearest plan's mechanisms)."""
+    if plan.framework.split("@")[0] != framework.split("@")[0]:
+        return {}
+    layout = nearest_plan(plan, gaps)[0]
+    return {f: getattr(layout, f) for f in fields}
+
+
+def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None = None,
+                  kept: dict | None = None) -> dict | None:
     """memo's prediction for the nearest plan on the plan's profile, run with ``framework``'s
     mechanisms (its attention kernel, loss: `Framework.adapt`, but the plan's allocator settings, which the export
     sets itself, `alloc_env`; its model-state recipe,
     `framework_recipe`), as that framework would run it (None when neither a gap nor the framework's mechanisms change
     the plan; ``error`` when it cannot be simulated). ``own``: layout fields the framework runs its own way for a part
     of the plan it expresses (torchtitan's FSDP2 for a ZeRO-3 plan), applied after the gaps and named among the
-    mechanisms."""
+    mechanisms. ``kept``: the plan's launch settings the exporter writes as they are (`kept_launch`), kept over the
+    framework's as the allocator settings are."""
     from memo_sim.engine.simulate import simulate  # noqa: PLC0415 - the simulator only when pricing
     from memo_sim.profile.loader import load_profile  # noqa: PLC0415
     from memo_sim.search.frameworks import get_framework  # noqa: PLC0415
@@ -276,12 +291,14 @@ def price_nearest(plan: Plan, gaps: list[Gap], framework: str, own: dict | None 
     mine, layout = layout, get_framework(framework).adapt(layout, prof)
     # the allocator settings are the plan's: every export sets them on its run line (`alloc_env`), so the framework's
     # own script's (its data's, `Framework.adapt`) do not apply
-    layout = dataclasses.replace(layout, expandable_segments=mine.expandable_segments, alloc_conf=mine.alloc_conf)
+    layout = dataclasses.replace(layout, expandable_segments=mine.expandable_segments, alloc_conf=mine.alloc_conf,
+                                 **(kept or {}))
     own = {k: v for k, v in (own or {}).items() if getattr(layout, k) != v}
     named = [f"{k} {getattr(layout, k)} -> {v}" for k, v in own.items()]
     if own:  # and the framework's mechanisms that act on what they change (FSDP2's copies under its FSDP)
         layout = dataclasses.replace(get_framework(framework).adapt(dataclasses.replace(layout, **own), prof),
-                                     expandable_segments=mine.expandable_segments, alloc_conf=mine.alloc_conf)
+                                     expandable_segments=mine.expandable_segments, alloc_conf=mine.alloc_conf,
+                                     **(kept or {}))
     mechanisms = mechanism_changes(mine, layout, prof) + named
     try:  # the framework's FP8 behaviour and the rest of its `Framework.for_model` (a review: left out here)
         model = nearest_model(plan, gaps, framework, prof)

@@ -20,7 +20,7 @@ import dataclasses
 import json
 import shlex
 
-from memo_sim.export.base import alloc_env, alloc_gap, ep_overlap_gap
+from memo_sim.export.base import alloc_env, alloc_gap, ep_overlap_gap, kept_launch
 from memo_sim.export.base import (Export, Gap, NoNearest, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap,
                                   gemm_format_gap, interleave_gap, metp_gap, mtp_gap, nearest_batch, nearest_plan,
                                   rank_order_gap, rotary_gaps, not_modelled_gap, optimizer_offload_gap, policy_gaps,
@@ -369,6 +369,17 @@ def _layer_on_gpu(m, lay) -> int:
     return -(-m.layer_params() // lay.tp)
 
 
+# the launch settings the config writes as the plan has them where it was searched for DeepSpeed (`kept_launch`):
+# overlap_comm, the gradient reduction beside the backward (true, as the framework data prices it, for plans of other
+# frameworks); without it ZeRO reduces each bucket on the compute stream as the backward fills it, the backward and
+# the reductions in series, as memo prices a plan without the overlap (`memo_sim.cost.grad_sync`)
+KEPT_LAUNCH = ("grad_overlap",)
+
+
+def _kept(plan: Plan, applied: list[Gap]) -> dict:
+    return kept_launch(plan, applied, FRAMEWORK, KEPT_LAUNCH)
+
+
 def config(plan: Plan, applied: list[Gap]) -> dict:
     lay, pol, _ = nearest_plan(plan, applied)
     m, batch = plan.model, nearest_batch(plan, applied)  # a pipeline's replicas' sequences (`_pipeline_gap`)
@@ -378,7 +389,8 @@ def config(plan: Plan, applied: list[Gap]) -> dict:
         "gradient_accumulation_steps": batch // plan.micro_batch,
         # stage 0 with offload_optimizer asserts at DeepSpeed's first step (DeepSpeedCPUAdam over GPU parameters):
         # a single-replica offload plan (ZeRO 0 in memo, one rank shards nothing) is written as stage 1
-        "zero_optimization": {"stage": max(lay.zero, 1) if lay.optimizer_offload else lay.zero, "overlap_comm": True,
+        "zero_optimization": {"stage": max(lay.zero, 1) if lay.optimizer_offload else lay.zero,
+                              "overlap_comm": _kept(plan, applied).get("grad_overlap", True),
                               "contiguous_gradients": True,
                               **({"offload_optimizer": {"device": "cpu", "pin_memory": True}}
                                  if lay.optimizer_offload else {})},
@@ -446,7 +458,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     g = gaps(plan)
     ex = Export("DeepSpeed", f"{SOURCE}; launcher {LAUNCHER_SOURCE}", {}, g, "")
     ex.instead = instead
-    ex.nearest = price_nearest(plan, g, FRAMEWORK) if price else None
+    ex.nearest = price_nearest(plan, g, FRAMEWORK, kept=_kept(plan, g)) if price else None
     ex.files[CONFIG_FILE] = json.dumps(config(plan, g), indent=2) + "\n"
     body = [f"    {opt}" + (f" {shlex.quote(val)}" if val is not None else "") for opt, val in arguments(plan, g)]
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import replace
 
-from memo_sim.export.base import alloc_env, alloc_gap
+from memo_sim.export.base import alloc_env, alloc_gap, kept_launch
 from memo_sim.export.base import (Export, Gap, NoNearest, PlanChange, async_tp_gap, balance_gap, dp_flavour_gap,
                                   gemm_format_gap, metp_gap, nearest_batch, nearest_model, nearest_plan,
                                   not_modelled_gap, optimizer_offload_gap, policy_gaps, price_nearest, shape_arguments,
@@ -461,11 +461,29 @@ def arguments(plan: Plan, applied: list[Gap]) -> list[tuple[str, str | tuple[str
                  ("--ckpt-format", "fsdp_dtensor")]
     if lay.optimizer_offload:  # Megatron-Core's HybridDeviceOptimizer, the whole shard on the host
         args += [("--optimizer-cpu-offload", None), ("--use-precision-aware-optimizer", None)]
-    if lay.dp > 1 or lay.cp * lay.ulysses > 1:
+    if (lay.dp > 1 or lay.cp * lay.ulysses > 1) and _grad_overlap(plan, applied):
         args.append(("--overlap-grad-reduce", None))
         if lay.zero >= 1:
             args.append(("--overlap-param-gather", None))
     return args + _RECOMPUTE[pol.name]  # a policy Megatron-LM does not run is a gap: full recompute instead
+
+
+# the launch settings the script writes as the plan has them where it was searched for Megatron-LM (`kept_launch`):
+# --overlap-grad-reduce, off in Megatron-LM's own arguments (megatron/training/arguments.py at d98e8a64), so a plan
+# without it is written without it
+KEPT_LAUNCH = ("grad_overlap",)
+
+
+def _kept(plan: Plan, applied: list[Gap]) -> dict:
+    return kept_launch(plan, applied, FRAMEWORK, KEPT_LAUNCH)
+
+
+def _grad_overlap(plan: Plan, applied: list[Gap]) -> bool:
+    """Whether the script overlaps the gradient reduction (--overlap-grad-reduce, with --overlap-param-gather under the
+    distributed optimizer): the plan's where it was searched for Megatron-LM, else the framework data's, as the
+    nearest plan is priced (`price_nearest` with `_kept`)."""
+    return _kept(plan, applied).get("grad_overlap", get_framework(FRAMEWORK).adapt(nearest_plan(plan, applied)[0])
+                                    .grad_overlap)
 
 
 def _plan_header(plan: Plan, applied: list[Gap]) -> list[str]:
@@ -490,7 +508,7 @@ def export(plan: Plan, price: bool = True, instead: dict | None = None) -> Expor
     g = gaps(plan)
     ex = Export("Megatron-LM", SOURCE, {}, g, "")
     ex.instead = instead
-    ex.nearest = price_nearest(plan, g, FRAMEWORK) if price else None
+    ex.nearest = price_nearest(plan, g, FRAMEWORK, kept=_kept(plan, g)) if price else None
     args = arguments(plan, g)
     tr = torchrun_line(plan, "pretrain_gpt.py")
     lines = ["#!/usr/bin/env bash", ex.comment_block(), "#",

@@ -118,6 +118,11 @@ a2a+p2p refused): such a model's layouts with ring CP are not offered (`Framewor
 ``layouts.experts.moe_block`` (default ``any``): the MoE block the framework builds (`MOE_BLOCKS`; ``deepspeed_moe``,
 DeepSpeed-MoE's gate and experts), a model of another is refused in one line (`Framework.for_model`).
 
+``layouts.serial_grads`` (default true): false where no launch setting of the framework reduces the data-parallel
+gradients after the backward (torchtitan: FSDP2 and DDP reduce in their backward hooks), so ``whatif
+--no-grad-overlap`` is refused in one line there; the exporters write the setting where it is one
+(`memo_sim.export.base.kept_launch`).
+
 A file's ``layouts.uneven_stages`` lets the first and last pipeline stages have their own layer
 counts, and ``layouts.embedding_loss_slots`` (default: as ``uneven_stages``) lets the embedding and
 the loss each take a layer's slot in the split (Megatron-LM's --account-for-*-in-pipeline-split).
@@ -272,6 +277,10 @@ class _LayoutsIn(BaseModel):
     mapping_equal_groups: bool = Field(False, strict=True)
     # ring CP (the ring alone, or beside Ulysses) for a model with sliding-window layers (module docs)
     ring_cp_sliding_window: bool = Field(True, strict=True)
+    # the data-parallel gradients reduced after the backward where a launch line leaves out the overlap (Megatron-LM's
+    # --overlap-grad-reduce, DeepSpeed's overlap_comm); False where no setting defers them (torchtitan's FSDP2 and DDP
+    # reduce each unit's or bucket's gradients in their backward hooks): `whatif --no-grad-overlap` is refused there
+    serial_grads: bool = Field(True, strict=True)
 
 
 class _MechanismsIn(BaseModel):
@@ -389,6 +398,7 @@ class Framework:
     trains_moe: bool = False  # the layouts asked of it are a mixture of experts' (`for_layouts_of`)
     ring_cp_sliding_window: bool = True  # it runs ring CP for a sliding-window model (`_LayoutsIn`)
     trains_windowed: bool = False  # the layouts asked of it are a sliding-window model's (`for_layouts_of`)
+    serial_grads: bool = True  # a launch line can reduce its gradients after the backward (`_LayoutsIn.serial_grads`)
     # its file as validated, every field with its default filled in (`file_fields`; not compared)
     parsed: "_FrameworkIn | None" = field(default=None, compare=False, repr=False)
 
@@ -636,6 +646,7 @@ def _read(path: Path) -> Framework:
                      qk_norm_outputs_kept=f.qk_norm_outputs_kept, offload_copies_per_group=f.offload_copies_per_group,
                      multi_token_prediction=lay.multi_token_prediction, rank_orders=lay.rank_orders,
                      mapping_equal_groups=lay.mapping_equal_groups, ring_cp_sliding_window=lay.ring_cp_sliding_window,
+                     serial_grads=lay.serial_grads,
                      experts=None if lay.experts is None else ExpertsOffer(**lay.experts.model_dump()), parsed=f)
 
 

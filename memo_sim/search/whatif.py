@@ -313,6 +313,10 @@ def candidates_for(model: ModelConfig, seq: int, gpus: int, profile: HardwarePro
                             f"--kernel-fusion eager or choose another --tp-mode")
         modes = tuple(m for m in modes if not tp_flavour(m).async_collectives)
     fw = get_framework(framework)
+    if grad_overlap is False and not fw.serial_grads:
+        raise MemoError(f"--no-grad-overlap: {fw.name} reduces the data-parallel gradients beside the backward only "
+                        f"(no setting of it defers them: its framework data's layouts.serial_grads); drop it or "
+                        f"choose another --framework")
     if tp_mode != "all" and tp_mode not in fw.tp_modes:  # one line naming the versions that run it
         runs = [n for n, f in FRAMEWORKS.items() if tp_mode in f.tp_modes]
         family = [n for n in runs if n.split("@")[0] == fw.name.split("@")[0]]
@@ -1288,10 +1292,22 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
             fit = [c for c in listed if c.memory.status == "OK" and c.sppo is None]
             what = f"bound search over the {len(fit)} fitting candidates priced before the pipelines"
             stage(f"{what}: proving each one's throughput bound, then simulating from the highest")
-            found = simulate_by_bound(fit, lambda cands: simulate_candidates(
-                cands, allocator_lag=allocator_lag, jobs=1, ahead=ahead[0] if ahead else None),
-                on_step=lambda k, gap: stage(_bound_words(what, k, gap)),
-                on_bound=lambda i, n: stage(f"{what}: proving throughput bounds, {i} of {n}"))
+            # in this process, one at a time, where SPPO's search holds the other core in its child; with no child
+            # (no SPPO searched: a framework without it, a mixture of experts) a pool of --jobs processes, the same
+            # decisions (`simulate_by_bound`'s window: what a window simulates past the stop is dropped), so the same
+            # floor (2026-12-05: DeepSeek-V3 on 256 B200s under torchtitan spent a third of its CPU here, one core
+            # idle)
+            pool = Tier2Pool(fit, jobs, allocator_lag=allocator_lag) if jobs > 1 and not ahead else None
+            try:
+                found = simulate_by_bound(fit, lambda cands: simulate_candidates(
+                    cands, allocator_lag=allocator_lag, jobs=jobs if pool is not None else 1,
+                    ahead=ahead[0] if ahead else None, pool=pool),
+                    window=2 * jobs if pool is not None else None,
+                    on_step=lambda k, gap: stage(_bound_words(what, k, gap)),
+                    on_bound=lambda i, n: stage(f"{what}: proving throughput bounds, {i} of {n}"))
+            finally:
+                if pool is not None:
+                    pool.close()
             # its own key (the words before ':'), so the status line's throttle of one stage cannot drop it: what
             # follows is the pipelines' pricing against this floor (`pipeline_candidates`' ``on_stage``)
             best = "none fits" if found.best_tgs is None else f"{found.best_tgs:,.0f} tokens/GPU/s"
