@@ -112,7 +112,7 @@ def ring_params(profile: HardwareProfile, link: Link, collective: str, node_rank
         nv_bw, nv_lat = link_params(profile.nvlink, collective)
         bw = min(bw * node_ranks, nv_bw)
         if g > node_ranks:
-            nodes = min(g, -(-g // node_ranks))
+            nodes = -(-g // node_ranks)
             lat = ((g - nodes) * nv_lat + (nodes - 1) * lat) / (g - 1)
     return bw, lat
 
@@ -122,6 +122,18 @@ def group_node_ranks(layout: Layout, size: int, stride: int, profile: HardwarePr
     a stage's GPU order (`memo_sim.layout.parallel.expert_group_placements`: the data group is the state_shards
     ranks TP apart, every replica's and every stage's looked at); ``size`` itself for groups inside a node."""
     return fewest_group_ranks_on_a_node(layout, size, stride, profile.node_gpus)
+
+
+def link_node_ranks(profile: HardwareProfile, layout: Layout, link: Link, size: int, stride: int) -> int:
+    """`ring_params`' ``node_ranks`` of a group of ``size`` ranks ``stride`` apart on ``link``: `group_node_ranks`
+    where the group crosses nodes (the inter-node link), 1 on NVLink (nothing of the node's NICs to share)."""
+    return group_node_ranks(layout, size, stride, profile) if link is profile.internode else 1
+
+
+def group_ring_params(profile: HardwareProfile, layout: Layout, link: Link, collective: str, size: int,
+                      stride: int) -> tuple[float, float]:
+    """`ring_params` of ring ``collective`` over a group of ``size`` ranks ``stride`` apart on ``link``."""
+    return ring_params(profile, link, collective, link_node_ranks(profile, layout, link, size, stride), size)
 
 
 def fit_params(collective: str, g: int, intercept: float, slope: float) -> tuple[float, float]:
@@ -154,8 +166,7 @@ def tp_params(profile: HardwareProfile, layout: Layout, collective: str) -> tupl
     exceeds a node, as 'TP size=32' over 4 nodes), NCCL's ring over the group (`ring_params`): through the group's
     ranks on a node over NVLink, across nodes on their share of the node's NICs."""
     link = layout_group_link(profile, layout, layout.tp, 1)
-    nr = group_node_ranks(layout, layout.tp, 1, profile) if link is profile.internode else 1
-    return ring_params(profile, link, collective, nr, layout.tp)
+    return group_ring_params(profile, layout, link, collective, layout.tp, 1)
 
 
 def alltoall_rank_time(size: float, g: int, local: int, profile: HardwareProfile) -> float:

@@ -88,8 +88,7 @@ class _Path:
 
 def _path(profile: HardwareProfile, layout: Layout, link: Link, g: int, stride: int) -> _Path:
     """The path of a group of ``g`` ranks ``stride`` apart in a stage's GPU order on ``link``."""
-    nr = coll.group_node_ranks(layout, g, stride, profile) if link is profile.internode else 1
-    return _Path(profile, link, nr, g)
+    return _Path(profile, link, coll.link_node_ranks(profile, layout, link, g, stride), g)
 
 
 def _reduce(layout: Layout, nbytes: float, g: int, path: _Path) -> float:

@@ -292,10 +292,10 @@ def _cp_gathered(att: OpCost, model: ModelConfig, layout: Layout, batch: int, se
     kv = ring_attention.ring_shift_bytes(model, layout, batch, seq)
     stride = layout.tp * layout.ulysses
     link = coll.layout_group_link(profile, layout, layout.cp, stride)
-    nr = coll.group_node_ranks(layout, layout.cp, stride, profile) if link is profile.internode else 1
     gather = OpCost("cp_allgather_kv", "collective", att.phase, "cp_comm",
                     coll.ring_allgather_time(kv * layout.cp, layout.cp,
-                                             *coll.ring_params(profile, link, "all_gather", nr, layout.cp)),
+                                             *coll.group_ring_params(profile, layout, link, "all_gather",
+                                                                     layout.cp, stride)),
                     nbytes=kv * (layout.cp - 1), overlaps=1)
     share = ring_attention.first_step_share(att.flops, profile, model.dtype, model.qk_head_dim, layout.block_kernel,
                                             layout.cp, att.phase, ring_merge(layout.ring_merge).step_kernels)

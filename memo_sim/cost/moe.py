@@ -231,8 +231,7 @@ def step_cost(op: OpSpec, step: Step, model: ModelConfig, layout: Layout, batch:
     else:
         link = step_link(step.group, layout, profile)
         kind = "all_gather" if step.collective == "allgather" else "reduce_scatter"
-        nr = coll.group_node_ranks(layout, g, stride, profile) if link is profile.internode else 1
-        t = coll.ring_allgather_time(size, g, *coll.ring_params(profile, link, kind, nr, g))
+        t = coll.ring_allgather_time(size, g, *coll.group_ring_params(profile, layout, link, kind, g, stride))
     return OpCost(f"moe_{op.name}_{step.collective}_{step.group}", "collective", phase, "ep_comm", t, nbytes=size)
 
 
