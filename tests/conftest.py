@@ -3,9 +3,20 @@ beside the slow selection in CI, measured 2026-11-27)."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
+
+from memo_sim.search.whatif import GC_THRESHOLDS
+
+# The test process collects as seldom as memo's own tier 2 does (`memo_sim.search.whatif.GC_THRESHOLDS`): it holds
+# torch, pytest's modules and every memoised cost of the tests before, and the collector's default thresholds walked
+# that heap thousands of times (2026-12-05, this 2-core VM, five files of what-if tests: test_cli_whatif,
+# test_frameworks_maxseq, test_moe_sim, test_pipeline_schedules, test_frameworks: 11.6-13.8 s of collections in
+# 155-158 s at the defaults, 1.1-1.3 s in 130-148 s at these, peak RSS 1.14 -> 1.28 GB). Refcounting frees what the
+# tests make; cycles wait for the next pass, as in a what-if.
+gc.set_threshold(*GC_THRESHOLDS)
 
 
 @pytest.fixture(scope="session")

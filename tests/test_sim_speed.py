@@ -152,7 +152,9 @@ def test_serial_tier2_restores_the_collector_thresholds():
 
     cands = candidates_for(get_model("gpt-7b"), 65536, 8, load_profile("a800-80gb"), policies=("store_all",)
                            ).candidates[:2]
-    before = gc.get_threshold()
+    session = gc.get_threshold()  # the test session's (tests/conftest.py: GC_THRESHOLDS itself)
+    before = (700, 10, 10)  # a caller's thresholds other than tier 2's, so that giving them back shows
+    gc.set_threshold(*before)
     seen = []
     real = whatif._simulate_summary
 
@@ -174,3 +176,4 @@ def test_serial_tier2_restores_the_collector_thresholds():
         assert gc.get_threshold() == before
     finally:
         whatif._simulate_summary = real
+        gc.set_threshold(*session)
