@@ -13,12 +13,13 @@ the child is raised again here when its result is asked for.
 
 from __future__ import annotations
 
-import gc
 import io
 import os
 import pickle
 import select
 from typing import Any, Callable, Sequence
+
+from memo_sim.heap_freeze import freeze_heap
 
 FORKS = hasattr(os, "fork")
 # A `ForkedStream`'s and a `Handoff`'s pipe buffer, asked for where the platform lets a program size it (Linux:
@@ -95,7 +96,7 @@ class ForkedStream:
             os.close(r)
             code = 0
             try:
-                gc.freeze()
+                freeze_heap()
                 with os.fdopen(w, "wb") as f:
                     try:
                         for value in make():

@@ -1,8 +1,8 @@
 """Dependencies point one way, as the data flows (a lower layer never imports a higher one).
 
 memo_sim, lowest first:
-  shared utilities: errors; units, fileio, forked (work in a forked child), mip_util, registry (parts
-  registered by name); timeline
+  shared utilities: errors, heap_freeze (the collector's frozen heap); units, fileio, forked (work in a forked
+  child), mip_util, registry (parts registered by name); timeline
   (the predicted/measured format) and request_trace (the malloc/free trace format), which the
   executor writes too; tp and dp (the tensor- and data-parallel flavours: data and rules the layers
   above ask for)
@@ -33,6 +33,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = {
     "errors": 0, "__init__": 0,
+    "heap_freeze": 0,
     "units": 1, "fileio": 1, "forked": 1, "mip_util": 1, "registry": 1,
     "timeline": 2, "request_trace": 2, "tp": 2, "dp": 2,
     "profile": 3, "model": 3,

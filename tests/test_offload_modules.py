@@ -99,7 +99,7 @@ def test_refused_in_one_line_where_megatron_has_no_such_module():
     assert r.exit_code == 2 and "any does not offer it" in r.output, r.output
 
 
-def test_megatron_offers_it_and_exports_it_and_memo_exec_refuses_it(tmp_path):
+def test_megatron_offers_it_and_exports_it_and_memo_exec_refuses_it(tmp_path, monkeypatch):
     r = CliRunner().invoke(cli, ["whatif", "--model", "gpt-7b", "--gpus", "8", "--seq", "64K", "--framework",
                                  "megatron", "--tp", "2", "--cp", "4", "--pp", "1", "--zero", "1", "--json",
                                  "--no-plan"])
@@ -116,8 +116,11 @@ def test_megatron_offers_it_and_exports_it_and_memo_exec_refuses_it(tmp_path):
     # (--cp 1: a ring would be refused first, memo-exec not running TransformerEngine's per-step kernels)
     plan, script = _exported(tmp_path / "moe", *MOE_ARGS, "--cp", "1", "--policy", "offload_attn_experts")
     assert "--offload-modules core_attn attn_proj expert_fc1" in script
+    import memo_exec.distributed.launch as launch  # noqa: PLC0415
     from memo_exec.cli import cli as exec_cli  # noqa: PLC0415
 
+    # refused by --nproc's launcher before any rank starts (the 8 ranks took 18 s to say it, 2026-12-05)
+    monkeypatch.setattr(launch, "launch_nproc", lambda *a, **k: pytest.fail("the ranks started for a refused policy"))
     r = CliRunner().invoke(exec_cli, ["run", str(plan), "--nproc", "8"])
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(lines) == 1 and "offload_attn_experts" in lines[0], r.output

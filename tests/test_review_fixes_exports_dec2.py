@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from memo_sim.export import export_plan
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
@@ -31,18 +33,27 @@ def test_megatron_writes_the_fp8_format_its_nearest_plan_is_priced_in():
     assert any("fp8-rowwise GEMMs" in g.what for g in ex.gaps)
 
 
-def test_a_gap_without_nearest_settings_exports_the_frameworks_best_plan(tmp_path):
+@pytest.fixture(scope="module")
+def ring_cp_export(tmp_path_factory):
+    """(folder, the export's run) of GPT-OSS-20B (a 128-token sliding window) with ring CP 8 on 16 H100s, its plan in
+    ``P`` and its Megatron-LM export in ``X``: one what-if and one export for the two tests that read them (each ran
+    its own, 16-17 s a test inside CI's default selection, 2026-12-05)."""
+    tmp = tmp_path_factory.mktemp("ring-cp-export")
+    run_sim(["whatif", "--model", "gpt-oss-20b", "--gpus", "16", "--seq", "128K", "--profile", "h100-sxm5-80gb",
+             "--tp", "2", "--cp", "8", "--ep", "8", "--batch", "1", "--out", tmp / "P"])
+    return tmp, run_sim(["export", tmp / "P" / "plan.json", "--to", "megatron", "--out", tmp / "X"])
+
+
+def test_a_gap_without_nearest_settings_exports_the_frameworks_best_plan(ring_cp_export, tmp_path):
     """GPT-OSS-20B (a 128-token sliding window) with ring CP 8: no Megatron-LM setting runs the ring, and TP 2 x CP 8
     does not split the heads for an all-to-all CP; Megatron's best plan is written (the constrained what-if finds
     one), and --nearest, which writes memo's plan's nearest settings, refuses in one line."""
-    run_sim(["whatif", "--model", "gpt-oss-20b", "--gpus", "16", "--seq", "128K", "--profile", "h100-sxm5-80gb",
-             "--tp", "2", "--cp", "8", "--ep", "8", "--batch", "1", "--out", tmp_path / "P"])
-    r = run_sim(["export", tmp_path / "P" / "plan.json", "--to", "megatron", "--out", tmp_path / "X"])
+    folder, r = ring_cp_export
     assert "is not expressible in Megatron-LM (ring context parallelism over 8 GPUs" in r.output
     assert "written instead: the best plan memo predicts Megatron-LM (megatron) runs" in r.output
     assert "; export a plan" not in r.output.split("written instead")[0]
-    assert (tmp_path / "X" / "megatron.sh").exists()
-    one_error_line(run_sim(["export", tmp_path / "P" / "plan.json", "--to", "megatron", "--nearest", "--out",
+    assert (folder / "X" / "megatron.sh").exists()
+    one_error_line(run_sim(["export", folder / "P" / "plan.json", "--to", "megatron", "--nearest", "--out",
                             tmp_path / "Y"], code=2))
     assert not (tmp_path / "Y" / "megatron.sh").exists()
 
@@ -62,19 +73,15 @@ def test_an_sppo_plan_written_as_torchtitan_1f1b_runs_a_micro_batch_per_stage(tm
     assert "for 4 sequences a step against" in line and "for the plan's 1 (" in line and " a sequence against " in line
 
 
-def test_a_plan_without_nearest_settings_says_nearest_refuses_and_other_errors_pass_through(tmp_path):
+def test_a_plan_without_nearest_settings_says_nearest_refuses_and_other_errors_pass_through(ring_cp_export):
     """The export written in its place does not advise --nearest (which refuses it); an error that is not the
     exporter's 'no nearest settings' (an unknown profile, through the API) is raised as it is, not blamed on the
     framework's search."""
-    import pytest
-
     from memo_sim.errors import MemoError
 
-    run_sim(["whatif", "--model", "gpt-oss-20b", "--gpus", "16", "--seq", "128K", "--profile", "h100-sxm5-80gb",
-             "--tp", "2", "--cp", "8", "--ep", "8", "--batch", "1", "--out", tmp_path / "P"])
-    r = run_sim(["export", tmp_path / "P" / "plan.json", "--to", "megatron", "--out", tmp_path / "X"])
+    folder, r = ring_cp_export
     assert "`--nearest` writes" not in r.output and "has no nearest settings there (`--nearest` refuses it)" in r.output
-    bad = replace(read_plan(tmp_path / "P" / "plan.json"), profile="no-such-gpu")
+    bad = replace(read_plan(folder / "P" / "plan.json"), profile="no-such-gpu")
     with pytest.raises(MemoError) as e:
         export_plan(bad, "megatron")
     assert "no-such-gpu" in str(e.value) and "constrained" not in str(e.value)

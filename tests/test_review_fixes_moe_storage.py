@@ -91,22 +91,23 @@ def test_megatrons_layernorm_recompute_rebuilds_only_the_norms_of_their_own(pol)
 def test_the_report_says_where_the_rebuilt_moe_block_is_counted(tmp_path):
     """Under recompute_moe the simulator's buffers term holds the re-run block's tensors (its recompute buffer), the
     executor's does not (autograd allocates them in the backward): the report says so beside the two numbers."""
-    import subprocess
-    import sys
+    from click.testing import CliRunner
 
+    from memo_exec.cli import cli as exec_cli
     from memo_sim.plan.schema import write_plan
 
+    # in this process (click's CliRunner): a process of its own imported torch and the executor again for each run
     write_plan(plan_for({}, "recompute_moe"), tmp_path / "plan.json")
-    r = subprocess.run([sys.executable, "-m", "memo_exec.cli", "run", str(tmp_path / "plan.json"), "--device", "cpu",
-                        "--steps", "1", "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "plan.json"), "--device", "cpu", "--steps", "1", "--out",
+                                      str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output[-2000:]
     report = (tmp_path / "run" / "report.md").read_text()
     assert "Under recompute_moe the simulator's buffers term holds its recompute buffer" in report
     assert "dense-FFN layer (the first 1)" in report  # the mixed model's approximation named too
     # checkpoint offload re-runs the block with its layer: the same sentence (a review: its -12.6% unexplained)
     write_plan(plan_for({}, "checkpoint_offload"), tmp_path / "co.json")
-    r = subprocess.run([sys.executable, "-m", "memo_exec.cli", "run", str(tmp_path / "co.json"), "--device", "cpu",
-                        "--steps", "1", "--out", str(tmp_path / "co")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = CliRunner().invoke(exec_cli, ["run", str(tmp_path / "co.json"), "--device", "cpu", "--steps", "1", "--out",
+                                      str(tmp_path / "co")])
+    assert r.exit_code == 0, r.output[-2000:]
     assert ("Under checkpoint_offload the simulator's buffers term holds its recompute buffer: the rebuilt layer's"
             in (tmp_path / "co" / "report.md").read_text())

@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from memo_exec.activations import make_policy
+from memo_exec.activations.registry import POLICIES, sim_policy_name
 from memo_exec.arena import AllocRecorder, ArenaScratch, CachingScratch
 from memo_exec.attention import (CUDA_ONLY, auto_backend_for, device_why_not, meta_stand_in, preferred_backends,
                                  rank_attention_dims, select_backend)
@@ -60,7 +61,9 @@ from memo_sim.plan.schema import Plan
 
 
 def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
-    """The refusals that need no communication (every rank and the launcher run them alike)."""
+    """The refusals that need no communication (every rank and the launcher run them alike): a policy this executor
+    does not run among them, said by ``--nproc``'s launcher before it starts a rank (a review of the tests' times: the
+    eight ranks of an offload_attn_experts plan took 18 s on the 2-core VM to start and each say the one line)."""
     lay = plan.layout
     if lay.gpus != world:
         procs = "process" if lay.gpus == 1 else "processes"
@@ -75,6 +78,7 @@ def check_plan_for_world(plan: Plan, world: int, opts: RunOptions) -> None:
     if model.layers != plan.model.layers:  # --layers N: the schedule's split must hold for N layers
         plan = dataclasses.replace(plan, model=model)
     schedule_for(plan)  # the data parallelism and the split over the ranks: run_model's (memo_sim.plan.executor_scope)
+    POLICIES.get(sim_policy_name(plan.policy))  # after schedule_for, which registers the plugins' policies (SPPO's)
 
 
 def split_layer_why(lay, tp: int, moe: bool) -> str | None:

@@ -8,13 +8,13 @@ a traceback).
 
 from __future__ import annotations
 
-import gc
 import sys
 
 import click
 
 from memo_sim.cli.common import LazyMemoGroup
 from memo_sim.errors import MemoError
+from memo_sim.heap_freeze import freeze_heap
 
 # every command: its name -> the module and attribute that define it
 COMMANDS = {
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             # heap (a cluster-scale what-if leaves a few hundred thousand objects; the collector's
             # passes over them at exit cost a second or more). A caller that passes ``argv`` keeps
             # its process, and its collector as it was.
-            gc.freeze()
+            freeze_heap()
 
 
 if __name__ == "__main__":

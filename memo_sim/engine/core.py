@@ -60,6 +60,7 @@ from memo_sim.cost.transfer import host_bandwidth_per_gpu
 from memo_sim.engine.events import MEMORY_SAMPLE, OP_END, OP_START, EventKind
 from memo_sim.engine.fluid import Flow, FluidNetwork, Link
 from memo_sim.engine.graph import MemAction, Op, OpGraph, gpus_on_nodes
+from memo_sim.heap_freeze import heap_frozen
 from memo_sim.profile.schema import HardwareProfile
 from memo_sim.timeline import MemorySample
 
@@ -111,7 +112,7 @@ def gc_paused():
     try:
         yield
     finally:
-        if gc.get_freeze_count() == 0:
+        if not heap_frozen():  # constant time where memo froze the heap itself (a what-if's pool worker)
             gc.freeze()
             gc.unfreeze()
         gc.enable()

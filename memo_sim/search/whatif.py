@@ -33,6 +33,7 @@ from memo_sim.cost.gemm_format import for_profile
 from memo_sim.engine.core import gc_paused
 from memo_sim.engine.simulate import Progress, simulate
 from memo_sim.errors import MemoError, NothingFits
+from memo_sim.heap_freeze import freeze_heap
 from memo_sim.engine.schedules.microbatch import micro_batch_pipelines
 from memo_sim.layout.alloc_conf import parse_alloc_conf
 from memo_sim.layout.moe_balance import measured_why_not, parse_balance
@@ -819,7 +820,7 @@ def _fewer_collections():
 def _worker_init() -> None:
     """A pool worker: what it was forked with is never garbage there (`gc.freeze`), and it
     collects less often (`GC_THRESHOLDS`)."""
-    gc.freeze()
+    freeze_heap()
     gc.set_threshold(*GC_THRESHOLDS)
 
 
