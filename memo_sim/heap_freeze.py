@@ -6,8 +6,8 @@ with the heap). Elsewhere `heap_frozen` asks `gc.get_freeze_count`, which counts
 Why it matters: `memo_sim.engine.core.gc_paused` asks after every simulation whether anything is frozen. A what-if's
 pool worker freezes everything it was forked with (`memo_sim.search.whatif`), so in a worker forked from a large
 process the count walked the whole inherited heap after each simulation: 0.04 s for 5 million objects, and in a
-test process of several GB it was the largest single cost of a what-if (py-spy over CI's default selection,
-2026-12-05: 553 of the 692 samples of one test's what-if in that walk)."""
+test process of several GB it was the largest single cost of a what-if (py-spy over the first fifth of CI's default
+selection, 2026-12-05, 2-core VM: 553 of its 4,505 samples in that walk, all in one test's what-if, which had 692)."""
 
 from __future__ import annotations
 
