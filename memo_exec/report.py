@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from memo_exec.compare import (alltoall_rows, op_rows, rel_error, resimulate, ring_stall_seconds, sim_memory_breakdown,
-                                is_unpriced_ep, stale_prediction, stream_rows, unpriced_ep_seconds)
+                                stale_prediction, stream_rows, unpriced_ep_seconds)
 from memo_exec.device import element_size, memo_dtype_name
 from memo_exec.figures import layer_figure, overlay_gantt, rank_coords, rank_host_samples, ranks_to_draw
 from memo_exec.measure import steady_steps, steady_value, timeline_from_step
@@ -739,11 +739,14 @@ def _atomic_png(draw, path: Path) -> Path:
     return path
 
 
-def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | None = None
-                  ) -> tuple[dict[str, Path], Comparison]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cmp_ = compare_run(res)
+# report.md's figures: (key, file, title), in the order its "Figures" section shows them
+FIGURES = (("overlay", "gantt_overlay.png", "Predicted (light, upper) over measured (dark, lower) streams, last step"),
+           ("timeline", "timeline.png", "Streams over the middle layers (last step)"),
+           ("memory", "memory.png", "Memory over the step"), ("layers", "layers.png", "Per-layer times"))
+
+
+def _run_meta(res: RunResult, cmp_: Comparison, plan_path) -> dict:
+    """The meta of the run's measured timeline and report (rank 0's)."""
     meta = dict(res.meta)
     meta.update({"plan_file": str(plan_path) if plan_path else None, "steady_state": res.steady,
                  "steps": res.summaries, "comparison": cmp_.totals, "streams": cmp_.streams, "ops": cmp_.ops,
@@ -751,31 +754,47 @@ def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | N
                                                                   "streams_and_ops": cmp_.simulation},
                  "predicted": res.plan.predicted.to_dict(), "layer_timings_s": res.plan.layer_timings_s,
                  "middle_layer": meta["layers"] // 2})
+    return meta
+
+
+def rank0_draws(res: RunResult, cmp_: Comparison, tl: Timeline, meta: dict) -> dict:
+    """Each figure of `FIGURES` drawn from rank 0's run: a function of the PNG's path that writes it and
+    returns the path, or why it is not drawn (the overlay without a predicted timeline)."""
+    last = res.summaries[-1]
+    draws = {"timeline": lambda p: _atomic_png(lambda q: gantt_figure(tl, q), p),
+             "memory": lambda p: _atomic_png(lambda q: memory_figure(tl, q), p),
+             "layers": lambda p: layer_figure(cmp_.layer_timings, [("", res.steady)], [("", last["per_layer"])],
+                                              last["step"], p, predicted_from=cmp_.layer_timings_from)}
+    draws["overlay"] = ((lambda p: overlay_gantt(cmp_.predicted_timeline, tl, p, f"{meta['model']} {meta['policy']}: "
+                                                 "predicted vs measured (last step)"))
+                        if cmp_.predicted_timeline is not None else cmp_.simulation)
+    return draws
+
+
+def write_outputs(res: RunResult, out_dir: str | Path, plan_path: str | Path | None = None, figures: bool = True
+                  ) -> tuple[dict[str, Path], Comparison]:
+    """measured.json, trace.json, the figures and report.md of rank 0's run. ``figures`` False: the figures
+    are left to the caller, which draws them with every rank (`rank_figures`: a multi-rank run; rank 0's
+    drawings would be drawn over), and report.md links them where they will be."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cmp_ = compare_run(res)
+    meta = _run_meta(res, cmp_, plan_path)
     tl: Timeline = timeline_from_step(res.steps[-1], meta)
     paths = {"measured": tl.write_json(out / "measured.json"), "trace": write_chrome_trace(tl, out / "trace.json")}
-    figs = {}
-    try:
-        figs["timeline"] = _atomic_png(lambda p: gantt_figure(tl, p), out / "timeline.png")
-    except Exception as e:  # noqa: BLE001 - a figure problem must not lose the measurements
-        figs["timeline_error"] = f"{type(e).__name__}: {e}"
-    try:
-        figs["memory"] = _atomic_png(lambda p: memory_figure(tl, p), out / "memory.png")
-    except Exception as e:  # noqa: BLE001
-        figs["memory_error"] = f"{type(e).__name__}: {e}"
-    if cmp_.predicted_timeline is not None:
-        try:
-            figs["overlay"] = overlay_gantt(cmp_.predicted_timeline, tl, out / "gantt_overlay.png",
-                                            f"{meta['model']} {meta['policy']}: predicted vs measured (last step)")
-        except Exception as e:  # noqa: BLE001
-            figs["overlay_error"] = f"{type(e).__name__}: {e}"
-    else:
-        figs["overlay_error"] = cmp_.simulation
-    last = res.summaries[-1]
-    try:
-        figs["layers"] = layer_figure(cmp_.layer_timings, [("", res.steady)], [("", last["per_layer"])],
-                                      last["step"], out / "layers.png", predicted_from=cmp_.layer_timings_from)
-    except Exception as e:  # noqa: BLE001
-        figs["layers_error"] = f"{type(e).__name__}: {e}"
+    draws = rank0_draws(res, cmp_, tl, meta)
+    figs: dict = {}
+    for key, fname, _title in FIGURES:
+        draw = draws[key]
+        if isinstance(draw, str):
+            figs[f"{key}_error"] = draw
+        elif not figures:
+            figs[key] = out / fname
+        else:
+            try:
+                figs[key] = draw(out / fname)
+            except Exception as e:  # noqa: BLE001 - a figure problem must not lose the measurements
+                figs[f"{key}_error"] = f"{type(e).__name__}: {e}"
     paths.update({k: v for k, v in figs.items() if isinstance(v, Path)})
     paths["report"] = atomic_write_text(out / "report.md", render_markdown(res, cmp_, figs, meta))
     return paths, cmp_
@@ -1137,9 +1156,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
         L.append(f"  - {line}")
     L.append("")
     L.append("## Figures\n")
-    for key, title in (("overlay", "Predicted (light, upper) over measured (dark, lower) streams, last step"),
-                       ("timeline", "Streams over the middle layers (last step)"), ("memory", "Memory over the step"),
-                       ("layers", "Per-layer times")):
+    for key, _fname, title in FIGURES:
         if key in figs and isinstance(figs[key], Path):
             L.append(f"![{title}]({figs[key].name})\n")
         elif f"{key}_error" in figs:
@@ -1155,7 +1172,7 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
 # --------------------------------------------------------------------------------------------------
 # Every rank records its own steps (`memo_exec.measure.Recorder`, Timeline events on device = its
 # rank). At the end rank 0 gathers each rank's steady-state summary and last-step events
-# (``gather_object``) and writes, beside the single-rank outputs of `write_outputs` (rank 0's report,
+# (``gather_object``: `memo_exec.rank_payload`) and writes, beside the single-rank outputs of `write_outputs` (rank 0's report,
 # figures and comparisons): ``measured.json`` and ``trace.json`` merged over the ranks (one
 # Chrome-trace process per rank, its streams as threads; each rank's times from its own step
 # start), and a "Per rank" section in ``report.md``: measured iteration, layer forward / backward
@@ -1163,41 +1180,6 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
 # prediction), with the spread over the ranks.
 
 RANK_STREAMS = ("compute", "comm", "cp_comm", "ep_comm", "tp_p2p", "tp_bcast", "dp_comm", "d2h", "h2d")
-
-
-def rank_coordinates(ex) -> dict[str, int]:
-    """The rank's coordinates in the layout's groups: dp, pp, cp, ulysses, tp, and ep / etp where experts are split."""
-    out = {d: ex.ctx.coord(d) for d in ("dp", "pp", "cp", "ulysses", "tp")}
-    g = getattr(ex, "expert_groups", None)
-    if g is not None and getattr(g, "ep", 1) > 1:
-        out["ep"] = g.ep_rank
-    if g is not None and getattr(g, "etp", 1) > 1:
-        out["etp"] = g.etp_rank
-    return out
-
-
-def rank_payload(ex, res, cpu: dict | None = None) -> dict:
-    """What a rank sends rank 0: its steady state and summaries, its last step's events and memory, its machine-speed
-    probe (`memo_exec.speed_probe`, CPU runs) and ``cpu`` (`memo_exec.host_share.CpuShare.to_dict` of its run)."""
-    last = res.steps[-1]
-    steady = steady_steps(res.steps)
-    unpriced = [sum(e.duration for e in r.events if is_unpriced_ep(e) and e.phase != "stall") for r in steady]
-    return {"rank": ex.ctx.rank, "coords": rank_coordinates(ex),
-            "steady": res.steady, "summaries": res.summaries, "events": last.events, "memory": last.memory,
-            "losses": [s["loss"] for s in res.summaries], "local_tokens": ex.local_T,
-            "speed_probe": res.meta.get("speed_probe"), "cpu": cpu,
-            "ep_unpriced_s": steady_value(unpriced) if any(unpriced) else None}
-
-
-def gather_payloads(payload: dict) -> list[dict] | None:
-    """Every rank's payload on rank 0 (None elsewhere); a collective."""
-    import torch.distributed as dist  # noqa: PLC0415
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [payload]
-    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(payload, out, dst=0)
-    return out
 
 
 def slowest_rank(payloads: list[dict]) -> dict | None:
@@ -1362,15 +1344,17 @@ def write_rank_outputs(payloads: list[dict], res0, out_dir: str | Path, plan_fil
     report = Path(paths["report"])
     text = report.read_text() + per_rank_markdown(rows, pred, label, times_comparable(res0.meta, res0.plan.profile))
     if len(payloads) > 1:
-        text += rank_figures(payloads, rows, tl, res0, comparison, out)
+        text += rank_figures(payloads, rows, tl, res0, comparison, out, plan_file)
     paths["report"] = atomic_write_text(report, text)
     return rows
 
 
-def rank_figures(payloads: list[dict], rows: list[dict], tl: Timeline, res0, comparison, out: Path) -> str:
-    """Redraw ``timeline.png``, ``memory.png``, ``gantt_overlay.png`` and ``layers.png`` (first drawn
-    for rank 0 by `write_outputs`) with every rank (`memo_exec.figures.ranks_to_draw`), each labelled
-    by its coordinates in the parallel groups; a line for the report saying which ranks they show."""
+def rank_figures(payloads: list[dict], rows: list[dict], tl: Timeline, res0, comparison, out: Path,
+                 plan_file=None) -> str:
+    """Draw ``timeline.png``, ``memory.png``, ``gantt_overlay.png`` and ``layers.png`` with every rank
+    (`memo_exec.figures.ranks_to_draw`), each labelled by its coordinates in the parallel groups, where
+    `write_outputs` (``figures`` False) left them and report.md links them; rank 0's alone where one fails
+    (`rank0_draws`); a line for the report saying which ranks they show."""
     drawn, note = ranks_to_draw(rows)
     ids = [r["rank"] for r in drawn]
     by_rank = {p["rank"]: p for p in payloads}
@@ -1380,22 +1364,33 @@ def rank_figures(payloads: list[dict], rows: list[dict], tl: Timeline, res0, com
                      + rank_host_samples(payloads, ids), meta=tl.meta)  # every drawn rank's host memory too
     last = {r: by_rank[r]["summaries"][-1] for r in ids}
     draw = {
-        "timeline.png": lambda p: gantt_figure(shown, p, devices=ids, note=note),
-        "memory.png": lambda p: memory_figure(shown, p),
-        "layers.png": lambda p: layer_figure(comparison.layer_timings,
-                                             [(name[r], by_rank[r]["steady"]) for r in ids],
-                                             [(name[r], last[r]["per_layer"]) for r in ids],
-                                             last[ids[0]]["step"], p, note,
-                                             predicted_from=comparison.layer_timings_from),
+        "timeline": lambda p: gantt_figure(shown, p, devices=ids, note=note),
+        "memory": lambda p: memory_figure(shown, p),
+        "layers": lambda p: layer_figure(comparison.layer_timings,
+                                         [(name[r], by_rank[r]["steady"]) for r in ids],
+                                         [(name[r], last[r]["per_layer"]) for r in ids],
+                                         last[ids[0]]["step"], p, note,
+                                         predicted_from=comparison.layer_timings_from),
     }
     if comparison.predicted_timeline is not None:
-        draw["gantt_overlay.png"] = lambda p: overlay_gantt(
+        draw["overlay"] = lambda p: overlay_gantt(
             comparison.predicted_timeline, shown, p, f"{res0.meta['model']} {res0.meta['policy']}: predicted vs "
             f"measured (last step)", ranks=drawn, note=note)
     failed = []
-    for fname, fn in draw.items():
+    alone = None  # rank 0's drawings, made only where one with every rank fails
+    for key, fname, _title in FIGURES:
+        if key not in draw:
+            continue
         try:
-            _atomic_png(fn, out / fname)
-        except Exception as e:  # noqa: BLE001 - rank 0's figure stays; the measurements are kept
-            failed.append(f"{fname} shows rank 0 only ({type(e).__name__}: {e})")
+            _atomic_png(draw[key], out / fname)
+        except Exception as e:  # noqa: BLE001 - rank 0's figure instead; the measurements are kept
+            why = f"{type(e).__name__}: {e}"
+            if alone is None:
+                meta = _run_meta(res0, comparison, plan_file)
+                alone = rank0_draws(res0, comparison, timeline_from_step(res0.steps[-1], meta), meta)
+            try:
+                alone[key](out / fname)
+                failed.append(f"{fname} shows rank 0 only ({why})")
+            except Exception as e0:  # noqa: BLE001
+                failed.append(f"{fname}: not drawn ({why}; rank 0's alone: {type(e0).__name__}: {e0})")
     return "\n".join(["", f"The figures draw {note}, each labelled with its rank and coordinates."] + failed) + "\n"

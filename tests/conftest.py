@@ -18,6 +18,25 @@ from memo_sim.search.whatif import GC_THRESHOLDS
 # tests make; cycles wait for the next pass, as in a what-if.
 gc.set_threshold(*GC_THRESHOLDS)
 
+# CI's slow selection collects only the test files whose text holds this mark (.ci/run: `grep -l 'mark\.slow'`,
+# 5.7 s against 13.2 s for collecting every file, 2026-12-05), so a test marked slow some other way would never run
+SLOW_MARK_TEXT = "mark.slow"
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects them
+def pytest_collection_modifyitems(config, items):
+    texts: dict = {}
+    for item in items:
+        if item.get_closest_marker("slow") is None:
+            continue
+        path = item.path
+        if path not in texts:
+            texts[path] = SLOW_MARK_TEXT in path.read_text(encoding="utf-8")
+        if not texts[path]:
+            raise pytest.UsageError(f"{item.nodeid} is marked slow but its file does not say '{SLOW_MARK_TEXT}': "
+                                    f"CI's slow selection (.ci/run) would not collect it; mark it with "
+                                    f"pytest.{SLOW_MARK_TEXT}")
+
 
 @pytest.fixture(scope="session")
 def cpu_calibration(tmp_path_factory):

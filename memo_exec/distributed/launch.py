@@ -470,9 +470,8 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
 
     from memo_exec.distributed.context import build_context  # noqa: PLC0415
     from memo_exec.host_share import CpuShareMeter  # noqa: PLC0415
-    from memo_exec.report import gather_payloads, rank_payload, write_rank_outputs  # noqa: PLC0415
+    from memo_exec.rank_payload import gather_payloads, rank_payload  # noqa: PLC0415
     from memo_exec.distributed.runner import DistExecutor, check_plan_for_world  # noqa: PLC0415
-    from memo_exec.report import write_outputs  # noqa: PLC0415
     from memo_exec.runner import use_profile  # noqa: PLC0415
     from memo_sim.plan.schema import read_plan  # noqa: PLC0415
 
@@ -529,8 +528,11 @@ def run_rank(plan_file: str, opts, out_dir: str, as_json: bool, timeout_s: float
                 raise
             raise CommFailure(comm_failure_line(rank, e, timeout_s, collective=False)) from None
         if rank == 0:
+            from memo_exec.report import write_outputs, write_rank_outputs  # noqa: PLC0415 (rank 0's alone)
+
             merge_rank_meta(res, payloads, world, device)
-            paths, comparison = write_outputs(res, out_dir, plan_file)
+            # a run of several ranks draws its figures once, with every rank (`write_rank_outputs`)
+            paths, comparison = write_outputs(res, out_dir, plan_file, figures=len(payloads) == 1)
             rows = write_rank_outputs(payloads, res, out_dir, plan_file, paths, comparison)
             paths.update(schedule_outputs(ex.schedule, out_dir, plan_file, paths["report"]))
             from memo_exec.host_share import append_run_share, ranks_share  # noqa: PLC0415
