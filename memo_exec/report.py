@@ -1172,8 +1172,9 @@ def render_markdown(res: RunResult, cmp_: Comparison, figs: dict, meta: dict | N
 # --------------------------------------------------------------------------------------------------
 # Every rank records its own steps (`memo_exec.measure.Recorder`, Timeline events on device = its
 # rank). At the end rank 0 gathers each rank's steady-state summary and last-step events
-# (``gather_object``: `memo_exec.rank_payload`) and writes, beside the single-rank outputs of `write_outputs` (rank 0's report,
-# figures and comparisons): ``measured.json`` and ``trace.json`` merged over the ranks (one
+# (``gather_object``: `memo_exec.rank_payload`) and writes, beside the single-rank outputs of `write_outputs`
+# (rank 0's report and comparisons): the figures drawn with every rank (`rank_figures`), ``measured.json`` and
+# ``trace.json`` merged over the ranks (one
 # Chrome-trace process per rank, its streams as threads; each rank's times from its own step
 # start), and a "Per rank" section in ``report.md``: measured iteration, layer forward / backward
 # and busy time per stream for every rank, against the simulator's representative GPU (the plan's
@@ -1345,6 +1346,9 @@ def write_rank_outputs(payloads: list[dict], res0, out_dir: str | Path, plan_fil
     text = report.read_text() + per_rank_markdown(rows, pred, label, times_comparable(res0.meta, res0.plan.profile))
     if len(payloads) > 1:
         text += rank_figures(payloads, rows, tl, res0, comparison, out, plan_file)
+        for key, fname, _title in FIGURES:  # one drawn neither way: its line says so, and no file is named
+            if key in paths and not (out / fname).exists():
+                del paths[key]
     paths["report"] = atomic_write_text(report, text)
     return rows
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from tests.test_review_fixes_docs_dec1b import toy_plan, torchrun_env  # noqa: F401  (fixtures)
 
 
-def _run_as_two_ranks(plan: Path, out: Path, monkeypatch, fail_every_rank_gantt: bool = False) -> list[str]:
+def _run_as_two_ranks(plan: Path, out: Path, monkeypatch, fail_every_rank_gantt: bool = False,
+                      fail_rank0_gantt: bool = False, said: list | None = None) -> list[str]:
     import memo_exec.rank_payload as rank_payload
     import memo_exec.report as report
     from memo_exec.distributed.launch import run_rank
@@ -30,11 +31,13 @@ def _run_as_two_ranks(plan: Path, out: Path, monkeypatch, fail_every_rank_gantt:
         drawn.append("every rank" if devices is not None else "rank 0")
         if fail_every_rank_gantt and devices is not None:
             raise RuntimeError("broken on purpose")
+        if fail_rank0_gantt and devices is None:
+            raise ValueError("rank 0's broken too")
         return real_gantt(tl, path, *a, devices=devices, **k)
 
     monkeypatch.setattr(rank_payload, "gather_payloads", two)
     monkeypatch.setattr(report, "gantt_figure", gantt)
-    said: list[str] = []
+    said = [] if said is None else said
     run_rank(str(plan), RunOptions(device="cpu", steps=1), str(out), True, 60.0, False,
              lambda m=None, err=False, **k: said.append(m))
     return drawn
@@ -84,3 +87,16 @@ def test_the_other_ranks_import_no_figures():
             "print('matplotlib' in sys.modules, 'memo_exec.report' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.split() == ["False", "False"], (r.stdout, r.stderr[-2000:])
+
+
+def test_a_figure_drawn_neither_way_is_named_not_drawn_and_not_listed(tmp_path, toy_plan, torchrun_env, monkeypatch):
+    out, said = tmp_path / "run", []
+    drawn = _run_as_two_ranks(toy_plan, out, monkeypatch, fail_every_rank_gantt=True, fail_rank0_gantt=True,
+                              said=said)
+    assert drawn == ["every rank", "rank 0"]
+    report = (out / "report.md").read_text()
+    assert ("timeline.png: not drawn (RuntimeError: broken on purpose; rank 0's alone: ValueError: rank 0's broken "
+            "too)") in report
+    assert not (out / "timeline.png").exists() and (out / "memory.png").exists()
+    doc = json.loads(next(m for m in said if m and m.lstrip().startswith("{")))
+    assert "timeline" not in doc["files"] and "memory" in doc["files"]
