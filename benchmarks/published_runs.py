@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from memo_sim.engine.simulate import simulate
+from memo_sim.fileio import atomic_write_text
 from memo_sim.frameworks import MECHANISMS
 from memo_sim.layout.parallel import Layout, check_layout, expert_group_ranks, ranks_per_node, stage_shard
 from memo_sim.layout.pipeline_layout import torchtitan_split
@@ -2362,7 +2363,7 @@ def main() -> None:
              "error": r.error, "status": r.status, "why_not": r.run.why_not, "expected": r.run.expected,
              "long_context": r.run.long_context, "seq": r.run.seq, "sim_s": r.sim_s,
              "variants": dict(r.variants)} for r in results]}, indent=1))
-    Path(args.out).write_text(report(results, wall, maxlen))
+    atomic_write_text(args.out, report(results, wall, maxlen))
     for r in results:
         print(f"{r.run.id:40s} {r.run.published_s:9.3f} s  "
               + (f"{r.predicted_s:9.3f} s  {100 * r.error:+6.1f}%" if r.error is not None else r.status)

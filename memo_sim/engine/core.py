@@ -183,6 +183,7 @@ class Engine:
         self._sm_on = contention and comm_sms.priced(profile)
         self._nccl_sms = comm_sms.nccl_sms(profile)
         self._held: dict[int, float] = {}
+        self._shares: dict[float, float] = {}  # SMs held -> the share left to kernels (`comm_sms.compute_share`)
         self.gpu_mem: dict[int, float] = {d: 0.0 for d in graph.devices}
         self.host_mem: dict[int, float] = {dev.node: 0.0 for dev in graph.devices.values()}
         self.peak_gpu = dict(self.gpu_mem)
@@ -378,8 +379,13 @@ class Engine:
         if held < 1e-9:
             held = 0.0
         self._held[device] = held
+        share = self._shares.get(held)  # a few distinct values a run (how many kernels of which kind run at once)
+        if share is None:
+            if len(self._shares) > 4096:  # sums of fractional SM counts can drift; keep the memo small
+                self._shares.clear()
+            share = self._shares[held] = comm_sms.compute_share(held, self.profile)
         # the network re-times its kernel flows (the reference path); the fast paths' kernels are re-timed here
-        if self.net.set_share(device, comm_sms.compute_share(held, self.profile)) and self.fast_paths:
+        if self.net.set_share(device, share) and self.fast_paths:
             self._retime(device, self.net.compute_rate(device))
 
     def _retime(self, device: int, rate: float) -> None:
