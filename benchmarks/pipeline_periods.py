@@ -77,6 +77,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "reports" / "pipeline-periods.md"))
     a = ap.parse_args()
     m = a.micro_batches
+    need = 2 * 16 + CHECK + 2  # the uneven case's warm-up and cool-down (PP 16) around CHECK steady-state windows
+    if m < need:
+        print(f"pipeline_periods: --micro-batches must be at least {need} (got {m}): the steady state between "
+              f"PP 16's warm-up and cool-down must hold {CHECK} windows", file=sys.stderr)
+        sys.exit(2)
     profile, model, policy = load_profile(PROFILE), get_model(MODEL), get_policy("full_recompute")
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     load_before = uptime()
