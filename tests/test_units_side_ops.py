@@ -65,3 +65,19 @@ def test_units_of_a_ring_cp_pipeline_price_the_op_by_op_run(policy):
     ops, units = run("ops", True), run("units", True)
     assert units.ok and units.iteration_s == pytest.approx(ops.iteration_s, rel=0.005)
     assert units.peak_gpu_bytes == pytest.approx(ops.peak_gpu_bytes, rel=1e-9)
+
+
+def test_beside_side_ops_marks_each_side_op_and_the_chain_ops_it_covers():
+    """The side-op rule's one statement (`memo_sim.cost.opcost._walk`) tells the collapse which ops to keep: a side
+    op of ``overlaps`` n covers the next n chain ops (side ops between them not counted), and an op after its cover
+    is free again."""
+    from memo_sim.cost.opcost import OpCost, beside_side_ops, chain_dependencies
+
+    def op(name, overlaps=0):
+        return OpCost(name, "gemm", "fwd", "comm" if overlaps else "compute", 1.0, overlaps=overlaps)
+
+    costs = [op("a"), op("s1", 2), op("b"), op("s2", 1), op("c"), op("d"), op("e")]
+    assert beside_side_ops(costs) == [False, True, True, True, True, False, False]
+    # the same rule the dependencies follow: d waits for both side ops, which s1's cover of b and c and s2's of c make
+    assert chain_dependencies(costs)[5] == [4, 1, 3]
+    assert beside_side_ops([]) == [] and beside_side_ops([op("a"), op("b")]) == [False, False]

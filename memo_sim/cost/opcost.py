@@ -43,13 +43,16 @@ class OpCost:
     overlaps: int = 0  # side op: runs beside this many following chain ops, the next one waits for it
 
 
-def _walk(costs: list[OpCost]) -> tuple[list[list[int]], list[int]]:
-    """(dependencies of each op, what the op after the phase waits for)."""
+def _walk(costs: list[OpCost]) -> tuple[list[list[int]], list[int], list[bool]]:
+    """(dependencies of each op, what the op after the phase waits for, whether each op is a side op or a chain op
+    a side op runs beside)."""
     deps: list[list[int]] = []
+    beside: list[bool] = []
     prev: list[int] = []
     pending: list[list[int]] = []  # [side op index, chain ops still to run beside it]
     for k, c in enumerate(costs):
         deps.append(list(prev))
+        beside.append(c.overlaps > 0 or bool(pending))
         if c.overlaps > 0:
             pending.append([k, c.overlaps])
             continue
@@ -58,7 +61,7 @@ def _walk(costs: list[OpCost]) -> tuple[list[list[int]], list[int]]:
             p[1] -= 1
         prev += [p[0] for p in pending if p[1] == 0]
         pending = [p for p in pending if p[1] > 0]
-    return deps, (prev + [p[0] for p in pending]) if costs else []
+    return deps, (prev + [p[0] for p in pending]) if costs else [], beside
 
 
 def chain_dependencies(costs: list[OpCost]) -> list[list[int]]:
@@ -71,11 +74,17 @@ def chain_tail(costs: list[OpCost]) -> list[int]:
     return _walk(costs)[1]
 
 
+def beside_side_ops(costs: list[OpCost]) -> list[bool]:
+    """For each op, whether it is a side op or a chain op a side op runs beside (the module's rule): what a
+    coarser layout of the phase keeps op by op (`memo_sim.engine.schedules.stages.collapse_unit`)."""
+    return _walk(costs)[2]
+
+
 def critical_time(costs: list[OpCost]) -> float:
     """Seconds of a layer phase alone on the GPU: the longest path of `chain_dependencies`. One walk of the rule
     gives both the dependencies and the tail (`_walk`; a cluster-scale what-if walked every phase twice), and an op
     that waits for one op takes that op's finish (the same value the maximum over one element is)."""
-    deps, tail = _walk(costs)
+    deps, tail, _ = _walk(costs)
     finish: list[float] = []
     for c, d in zip(costs, deps):
         start = finish[d[0]] if len(d) == 1 else max((finish[j] for j in d), default=0.0)

@@ -11,7 +11,7 @@ host memory and host-memory bandwidth. With pp = 1 the device is exactly
 from __future__ import annotations
 
 from memo_sim.cost.grad_sync import GradSync
-from memo_sim.cost.opcost import OpCost
+from memo_sim.cost.opcost import OpCost, beside_side_ops
 from memo_sim.engine.graph import Device, Op
 from memo_sim.engine.schedules.single_stage import collective_link, representative_device
 from memo_sim.layout.parallel import Layout, node_stage_gpus, stage_first_rank
@@ -77,15 +77,7 @@ def collapse_unit(costs: list[OpCost], phase: str, layout: Layout, profile: Hard
         return costs
     if not any(c.overlaps for c in costs):
         return _collapse_run(costs, phase, layout, profile, f"layer_{phase}", keep_last=True, empty_compute=True)
-    kept = []  # side ops and the chain ops they run beside
-    cover: list[int] = []  # chain ops still to run beside each open side op
-    for c in costs:
-        if c.overlaps > 0:
-            kept.append(True)
-            cover.append(c.overlaps)
-            continue
-        kept.append(bool(cover))
-        cover = [n - 1 for n in cover if n > 1]
+    kept = beside_side_ops(costs)
     out: list[OpCost] = []
     run: list[OpCost] = []
     runs = 0
