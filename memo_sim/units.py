@@ -62,6 +62,22 @@ def convert(value: float, unit: str, dimension: str, field: str) -> float:
     return float(value) * table[unit]
 
 
+def parse_headroom(text: str, usable: float, field: str = "--headroom") -> float:
+    """Bytes of ``text``: a size with a byte unit ("8GiB", "6 GB") or a share of ``usable`` bytes ("10%", "2.5%"),
+    at least 0; one line naming ``field`` and the fix otherwise."""
+    t = str(text).strip()
+    m = re.fullmatch(r"([0-9]{1,9}(?:\.[0-9]{1,9})?)\s*(%|[KMGT]i?B|B)", t)
+    if not m:
+        raise MemoError(f"{field}: expected a size like 8GiB or a share like 10%, got {t[:40]!r}")
+    value, unit = float(m.group(1)), m.group(2)
+    if unit == "%":
+        if value >= 100:
+            raise MemoError(f"{field} {t}: a share of the usable memory below 100% leaves room for tensors; "
+                            f"give less (e.g. 10%)")
+        return usable * value / 100
+    return value * BYTES[unit]
+
+
 def fmt_bytes(n: float) -> str:
     for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
         if abs(n) >= size:

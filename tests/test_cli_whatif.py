@@ -76,7 +76,11 @@ QWEN3 = "tests/data/hf/qwen3-30b-a3b/config.json"
 @pytest.mark.parametrize("args,needle", [
     (["--model", "llama-3.1-8b", "--pp", "4", "--vpp", "3"], "32 layers do not split evenly into pp x vpp = 12"),
     (["--model", "llama-3.1-8b", "--pp", "4", "--micro-batch", "3", "--batch", "8"],
-     "micro-batch 3 does not divide the batch 8"),
+     "--micro-batch 3 does not divide --batch 8: give a --micro-batch that divides it (1, 2, 4, 8)"),
+    # a review: these were answered with whichever layout rule refused last (METP's QKV bias, ZeRO stage 2)
+    (["--model", "llama-3.1-8b", "--micro-batch", "3", "--batch", "4"], "--micro-batch 3 does not divide --batch 4"),
+    (["--model", "llama-3.1-8b", "--micro-batch", "5", "--global-batch", "8"],
+     "--micro-batch 5 does not divide --global-batch 8"),
     (["--model", "llama-3.1-8b", "--pp", "1", "--vpp", "2"], "--vpp 2 interleaves model chunks"),
     (["--model", "llama-3.1-8b", "--pp", "64", "--gpus", "64"], "--pp 64 exceeds the model's 32 layers"),
     (["--model", "llama-3.1-8b", "--tp", "3"], "--tp 3 does not divide the 16 GPUs"),

@@ -14,7 +14,7 @@ from memo_sim.plan.schema import MAX_BATCH
 from memo_sim.model.config import MAX_MTP_LAYERS, ModelConfig, get_model, with_overrides
 from memo_sim.model.gemm_formats import GEMM_FORMATS
 from memo_sim.model.precision import RECIPES
-from memo_sim.units import parse_count
+from memo_sim.units import fmt_bytes, parse_count, parse_headroom
 
 
 def count_option(ctx, param, value):
@@ -226,6 +226,28 @@ def launch_options(f):
              "Default: the framework's data."))):
         f = click.option(*opts, default=None, type=kind, help=text)(f)
     return f
+
+
+def headroom_option(f):
+    """``--headroom SIZE|PERCENT``: GPU memory a search leaves free (`with_headroom`)."""
+    return click.option(
+        "--headroom", default=None, metavar="SIZE|PCT",
+        help="GPU memory to leave free on every GPU, as a size (8GiB, 6GB) or a share of the profile's usable memory "
+             "(10%): every plan must fit in what is left, MEMO's memory plan and the caching-allocator replay "
+             "included (default: none; the written plan names the profile, whose checks and runs have it all).")(f)
+
+
+def with_headroom(profile, text: str | None):
+    """``profile`` with the --headroom ``text`` left free on each GPU (None: as it is); one line naming the option
+    and the fix where ``text`` is not a size or a share below the usable memory."""
+    if text is None:
+        return profile
+    usable = profile.usable_gpu_memory
+    nbytes = parse_headroom(text, usable)
+    if nbytes >= usable:
+        raise MemoError(f"--headroom {text}: {fmt_bytes(nbytes)} leaves nothing of the {fmt_bytes(usable)} a GPU of "
+                        f"{profile.name} has for tensors; give less (e.g. 10%)")
+    return profile.with_headroom(nbytes)
 
 
 def alloc_conf_option(f):

@@ -7,9 +7,9 @@ import time
 
 import click
 
-from memo_sim.cli.common import (GPU_COUNT, alloc_conf_option, build_model, count_option, launch_options,
-                               layout_degree_options, model_options, moe_layout_options, profile_option, progress_bar,
-                               progress_option)
+from memo_sim.cli.common import (GPU_COUNT, alloc_conf_option, build_model, count_option, headroom_option,
+                               launch_options, layout_degree_options, model_options, moe_layout_options,
+                               profile_option, progress_bar, progress_option, with_headroom)
 from memo_sim.cost.gemm_format import check_gemm_format
 from memo_sim.policy import policy_class, policy_names
 from memo_sim.profile.loader import load_profile
@@ -34,6 +34,7 @@ from memo_sim.units import fmt_count
               help="Who places the transients of the policies without MEMO's plan: PyTorch's caching allocator "
                    "(as the frameworks run; reserved memory decides), a static memory plan, or both side by side.")
 @alloc_conf_option
+@headroom_option
 @launch_options
 @layout_degree_options
 @click.option("--pp", type=click.IntRange(1, 4096),
@@ -49,7 +50,7 @@ from memo_sim.units import fmt_count
 @format_options
 def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dtype, mtp_layers, precision,
            gpus, profile_name, policies, framework,
-           step, allocator, alloc_conf, kernel_fusion, attention, grad_overlap, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload,
+           step, allocator, alloc_conf, headroom, kernel_fusion, attention, grad_overlap, tp, cp, ulysses, dp, zero, sp, tp_mode, pp, optimizer_offload,
            ep, etp, moe_dispatcher, moe_balance, jobs, progress, out_format, as_json):
     """The longest sequence (a multiple of --step) each policy trains, its MFU there, and the
     constraint that binds at the next step. --tp, --cp, --ulysses, --dp, --zero, --sp, --pp (and a mixture of
@@ -70,7 +71,7 @@ def maxseq(model_name, layers, hidden, heads, kv_heads, head_dim, ffn, vocab, dt
     t0 = time.perf_counter()
     model = build_model(model_name, layers, hidden, heads, ffn, vocab, dtype, precision, kv_heads, head_dim,
                         mtp_layers)
-    profile = load_profile(profile_name)
+    profile = with_headroom(load_profile(profile_name), headroom)
     profile.peak(model.dtype)
     check_gemm_format(model, profile)
     runs = maxseq_runs_asked(model, framework, policies, allocator)

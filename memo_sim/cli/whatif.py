@@ -26,6 +26,7 @@ import click
 from memo_sim.cli.common import (
     FiniteRange,
     alloc_conf_option,
+    headroom_option,
     launch_options,
     moe_layout_options,
     BATCH,
@@ -38,6 +39,7 @@ from memo_sim.cli.common import (
     progress_bar,
     progress_option,
     refuse_unwritable_out,
+    with_headroom,
 )
 from memo_sim.errors import MemoError, NothingFits
 from memo_sim.fileio import output_folder
@@ -106,6 +108,7 @@ def _simulate_top_value(ctx, param, value):
                    "allocator (with its fragmentation and retries, as the frameworks run), a static memory plan, or "
                    "both side by side.")
 @alloc_conf_option
+@headroom_option
 @launch_options
 @click.option("--dp-mode", default=None, type=click.Choice(["zero", "fsdp", "all"]),
               help="Data-parallel flavours to search: ZeRO stages, FSDP (with HSDP and resharding on/off; a layout "
@@ -171,6 +174,10 @@ def _simulate_top_value(ctx, param, value):
               help="Tier 2: simulate candidates in this many processes (default: every core); results are the "
                    "serial run's, in the same order.")
 @progress_option
+@click.option("--no-compare", is_flag=True,
+              help="Answer with the ranked search alone: skip the searches the answer is compared with (memo's own "
+                   "best beside --framework's, the same search in bf16 beside an FP8 --precision, the split searched "
+                   "beside a fixed one), each a search as long as the first or longer on a large cluster.")
 @click.option("--details", is_flag=True,
               help="Print every table: the two tiers apart, METP against Megatron TP+SP, the SPPO planner's.")
 @click.option("--format", "out_format", default="table", show_default=True,
@@ -201,7 +208,8 @@ def whatif(**options):
     try:
         with search_progress("what-if", show.quiet, force=show.progress) as on_progress:
             # the best plan's memory plan built while this process waits for SPPO's simulation, if it does
-            ans = answer_whatif(req, progress=on_progress, while_waiting=None if show.no_plan else prebuild_plan)
+            ans = answer_whatif(req, progress=on_progress, while_waiting=None if show.no_plan else prebuild_plan,
+                                comparisons=not show.no_compare)
     except NothingFits as e:  # no layout was built: every one's model states alone overflow (exit 3, answered)
         return _nothing_built(req, show, str(e))
     paths, removed = _write_plans(show, {name: with_profile_reference(plan, options["profile_name"])
@@ -318,7 +326,7 @@ def request_of(options: dict) -> WhatifRequest:
             raise MemoError(f"{LAYOUT_OPTION} {text!r}: {fw.name} trains no multi-token-prediction module in memo's "
                             f"framework data (the model's {model.mtp_layers} left out); write the layout without m")
         chunks = parse_layout(text, model.layers, options["pp"], mtp)
-    return WhatifRequest.from_options(model, load_profile(options["profile_name"]),
+    return WhatifRequest.from_options(model, with_headroom(load_profile(options["profile_name"]), options.get("headroom")),
                                       dict(options, jobs=jobs, chunk_layers=chunks))
 
 
@@ -336,6 +344,7 @@ class Show:
     details: bool = False  # every table, not just the verdict and the ranking
     out_format: str = "table"  # table | json | csv | md (json is --json)
     all_candidates: bool = False  # JSON: every candidate in full (`memo_sim.report.candidate_rows`)
+    no_compare: bool = False  # the ranked answer alone: none of the searches it is compared with (`answer_whatif`)
 
     @classmethod
     def from_options(cls, options: dict) -> Show:
@@ -374,7 +383,7 @@ def _print_answer(ans, paths: dict, elapsed: float, show: Show) -> None:
         global_batch_fixed=bool(req.global_batch),
         memo_best=ans.memo_best, plain_recipe=plain_recipe(req.model),
         train_lines=_train_lines(best, show.train_budget), bf16_best=ans.bf16_best, bf16_searched=ans.bf16_searched,
-        memo_on_framework=ans.memo_on_framework, split_line=split_words(best, ans.split_best),
+        memo_on_framework=ans.memo_on_framework, split_line=split_words(best, ans.split_best), compared=ans.compared,
         expandable=expandable_faster(shown, best), eager=eager_kernels_cost(best))
     emit(whatif_answer(view), show.out_format)
 

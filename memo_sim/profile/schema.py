@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from memo_sim.errors import ProfileError
 from memo_sim.profile.attention_kernels import attention_kernel
+from memo_sim.units import fmt_bytes
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,8 @@ class HardwareProfile:
     provenance: dict = field(default_factory=dict)
     validation: dict = field(default_factory=dict)  # the error measured for it (loader's _ValidationIn), if any
     gpus_per_host: Quantity | None = None  # GPUs per OS instance where a node (NVLink domain) spans hosts (GB200 NVL72)
+    # GPU memory a search leaves free beside ``gpu.reserved_bytes`` (`with_headroom`: whatif's and maxseq's --headroom)
+    headroom_bytes: float = 0.0
 
     # -- convenience in base units -------------------------------------------------------
     @property
@@ -336,7 +339,24 @@ class HardwareProfile:
 
     @property
     def usable_gpu_memory(self) -> float:
-        return float(self.gpu.memory_bytes) - float(self.gpu.reserved_bytes)
+        """The bytes a GPU's tensors may take: its memory less what the CUDA context and libraries reserve, less the
+        headroom a search was asked to leave (`with_headroom`)."""
+        return float(self.gpu.memory_bytes) - float(self.gpu.reserved_bytes) - self.headroom_bytes
+
+    def with_headroom(self, nbytes: float) -> HardwareProfile:
+        """This profile with ``nbytes`` more of each GPU's memory left free: every fit, memory plan and caching-allocator
+        replay of a search on it counts against the smaller capacity (a plan it writes names the profile, whose
+        checks and runs have the whole memory again). The margin a user keeps for what memo's memory model leaves out
+        (a review: the default answers ran at 97-100% of the GPU, where memo's own words put the caching allocator's
+        measured reserved peak 1.3-17.7% above its replay)."""
+        return replace(self, headroom_bytes=self.headroom_bytes + float(nbytes))
+
+    def headroom_words(self) -> str:
+        """``; 7.72 GiB of each GPU left free (--headroom): plans fit in 69.46 GiB`` ('' without a headroom)."""
+        if not self.headroom_bytes:
+            return ""
+        return (f"; {fmt_bytes(self.headroom_bytes)} of each GPU left free (--headroom): plans fit in "
+                f"{fmt_bytes(self.usable_gpu_memory)}")
 
     @property
     def node_gpus(self) -> int:
@@ -366,11 +386,12 @@ class HardwareProfile:
         if method == "calibrated" or prov.get("tool") == "memo-exec calibrate":
             words = f"calibrated on {prov.get('device', 'a device')} ({prov.get('date', 'date unknown')})"
             quick = " with --quick" if prov.get("quick") else ""
-            return words + quick + "; " + (self.validation_words() or "not validated yet")
+            return words + quick + "; " + (self.validation_words() or "not validated yet") + self.headroom_words()
         val = f"; {self.validation_words()}" if self.validation else ""
         if prov.get("summary"):
-            return f"not calibrated ({method or 'source unstated'}): {prov['summary']}{val}"
-        return "provenance unknown (no provenance in the profile): treat its answers as assumptions" + val
+            return f"not calibrated ({method or 'source unstated'}): {prov['summary']}{val}" + self.headroom_words()
+        return ("provenance unknown (no provenance in the profile): treat its answers as assumptions" + val
+                + self.headroom_words())
 
     def validation_words(self) -> str:
         """The validation error measured for this profile, in words (empty when none was)."""

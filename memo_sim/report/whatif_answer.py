@@ -52,6 +52,7 @@ class WhatIfView:
     expandable: dict | None = None  # a faster plan that fits with expandable segments (`fit_advice.expandable_faster`)
     eager: dict | None = None  # what eager kernels cost the best plan (`fit_advice.eager_kernels_cost`)
     split_advice: str | None = None  # nothing fits and the length limits the split: why, and what fits (`split_line`)
+    compared: bool = True  # False: --no-compare, the searches the answer is compared with not run
 
 
 def mfu_words(mfu: float, model, profile=None) -> str:
@@ -75,6 +76,12 @@ def mfu_peak_words(model, over: str = "") -> str:
     """`` (of the bf16 peak)`` where the layer GEMMs run in another format than bf16, else "" (`mfu_words`; a
     table's MFU column says it once above it)."""
     return f" (of the {model.dtype} peak{over})" if model.gemm_format != "bf16" else ""
+
+
+def mfu_head(rows) -> str:
+    """A ranked table's MFU column head: ``MFU (bf16 peak)`` where its rows' layer GEMMs run in another format
+    (`mfu_peak_words`; a review read an NVFP4 table's 91% bare, its answer line alone saying which peak)."""
+    return f"MFU ({rows[0][1].model.dtype} peak)" if rows and mfu_peak_words(rows[0][1].model) else "MFU"
 
 
 def verdict(v: WhatIfView) -> str:
@@ -188,8 +195,14 @@ def global_batch_line(v: WhatIfView) -> str:
     that the ranking compares them so and may change at the user's global batch: a pipeline's bubble shrinks with
     the micro-batches a step, which a fixed global batch gives it."""
     b = v.best
-    if b is None or v.global_batch_fixed or not _gbs_varies(list(enumerate(v.shown[:v.top]))):
+    if b is None or v.global_batch_fixed:
         return ""
+    if not _gbs_varies(list(enumerate(v.shown[:v.top]))):  # one batch a replica, the same over every row shown: the
+        if b.global_batch <= 1:  # step's size the user never chose is still named (a review: 405B on 16,384 GPUs
+            return ""  # answered 1,024 sequences of 128K, 134M tokens a step, without a word)
+        return (f"global batch not fixed: every row shown trains {b.global_batch:,} sequences "
+                f"({fmt_count(b.global_batch * b.seq)} tokens) a step, a batch per data-parallel replica; give "
+                f"--global-batch N (the sequences your run trains a step) to rank the layouts at yours")
     sizes = sorted({c.global_batch for c in v.shown[:v.top]})
     return (f"global batch not fixed: the rows train {sizes[0]} to {sizes[-1]} sequences a step (GBS column; a batch "
             f"per data-parallel replica, a pipeline's as many micro-batches as stages), the answer {b.global_batch}; "
@@ -451,7 +464,9 @@ def whatif_answer(v: WhatIfView) -> Answer:
     if v.sppo_plan_path:
         c = next(c for c in v.result.candidates if c.sppo is not None and c.status == "OK")
         a.line(f"best SPPO plan: {c.layout.label()} {c.policy.label()} -> {v.sppo_plan_path}")
-    if v.framework != "any":
+    if v.framework != "any" and not v.compared:
+        a.line(f"memo's own best beside {v.framework}'s: not searched (--no-compare)")
+    elif v.framework != "any":
         a.line(framework_line(v.framework, v.best, v.memo_best, v.plain_recipe))
         split = gap_line(v.framework, v.best, v.memo_best, v.memo_on_framework)  # tier 2 throughout
         if split:
@@ -610,7 +625,7 @@ def ranked_table(rows) -> tuple[list[str], list[list[str]]]:
         out.append(r)
     head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "tier/allocator",
                                                                 "iter"] + (["GBS"] if gbs else []) \
-        + ["MFU", "TGS", "peak GPU", "frag/retries", "host/node", "copy stall"]
+        + [mfu_head(rows), "TGS", "peak GPU", "frag/retries", "host/node", "copy stall"]
     return head, out
 
 
@@ -636,8 +651,8 @@ def tier_table(rows, simulated: bool) -> tuple[list[str], list[list[str]]]:
         out.append(r)
     head = ["#", "layout"] + (["schedule"] if split else []) + ["policy", "alpha", "status", "iter (analytic)"] \
         + (["iter (sim)"] if simulated else []) \
-        + ["MFU", "TGS", f"peak GPU ({'sim' if simulated else 'analytic'})", "allocator", "frag/retries", "host/node",
-           "copy stall"]
+        + [mfu_head(rows), "TGS", f"peak GPU ({'sim' if simulated else 'analytic'})", "allocator", "frag/retries",
+           "host/node", "copy stall"]
     return head, out
 
 

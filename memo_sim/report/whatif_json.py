@@ -42,6 +42,9 @@ def whatif_json(ans, *, elapsed_s: float | None = None, plan_paths: dict | None 
             "sppo": result.sppo_summary,
             "metp_vs_megatron": metp_vs_megatron(shown, req.alpha),
             "memo_best": memo_best.to_json() if memo_best is not None else None,
+            # false: --no-compare, so memo_best, memo_best_on_framework, bf16_best and searched_split_best were not
+            # searched (null for that reason, not for nothing fitting)
+            "compared": ans.compared,
             # memo's best simulated with the framework's mechanisms (null: no --framework, or the same mechanisms)
             "memo_best_on_framework": ans.memo_on_framework,
             # why memo-exec refuses the best plan before it runs (null: it does not refuse it on the plan alone)

@@ -205,7 +205,8 @@ def _better(best: float | None, s: dict | None) -> float | None:
 def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batch: int = 4,
                       always: list | None = None, window: int | None = None,
                       on_step: Callable[[int, float | None], None] | None = None,
-                      on_bound: Callable[[int, int], None] | None = None) -> PruneReport:
+                      on_bound: Callable[[int, int], None] | None = None,
+                      floor: float | None = None) -> PruneReport:
     """Simulate ``fitting`` candidates (``simulate(list)`` fills each one's ``simulated``) in order
     of `tgs_upper_bound`, ``batch`` at a time, until the next bound is below the best simulated
     throughput; ``always`` (e.g. SPPO's heuristic choice) are simulated in the first batch too.
@@ -220,7 +221,9 @@ def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batc
     ``on_step(simulated, gap)`` after each window's decisions: how many are simulated, and the bound gap, how far
     the next candidate's bound is above the best simulated throughput (a fraction; the search stops where it falls
     below 0; None before anything fitting was simulated or when none is left), for a progress line.
-    ``on_bound(i, n)`` after each of the ``n`` bounds is proved (a review: 12 s of silence over 7,933 bounds)."""
+    ``on_bound(i, n)`` after each of the ``n`` bounds is proved (a review: 12 s of silence over 7,933 bounds).
+    ``floor``: a throughput a plan of the same search space was simulated at elsewhere, counted as the best so far
+    (a candidate whose bound is below it cannot be the answer); the report's ``best_tgs`` is then at least it."""
     ub = {}
     for i, c in enumerate(fitting, 1):
         ub[id(c)] = tgs_upper_bound(c)
@@ -228,7 +231,7 @@ def simulate_by_bound(fitting: list, simulate: Callable[[list], object], *, batc
             on_bound(i, len(fitting))
     order = sorted(fitting, key=lambda c: -ub[id(c)])
     extra = [c for c in (always or []) if c.simulated is None]
-    best = None
+    best = floor
     done = 0
     for c in fitting:  # simulated before this search (an earlier search over some of them): kept, counted
         if c.simulated is not None:

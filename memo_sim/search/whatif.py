@@ -693,6 +693,16 @@ def _check_options(fw, policies: tuple[str, ...], alpha: float | None, batch: in
     if batch is not None and global_batch is not None:
         raise MemoError("--batch (sequences per replica) and --global-batch (sequences over every replica) "
                         "say the same thing twice: give one")
+    # a micro-batch that divides no replica's batch refuses every layout, each for its own last reason (a review:
+    # --micro-batch 3 --batch 4 was answered with METP's QKV-bias rule): the batch split named first
+    total = next(((flag, v) for flag, v in (("--batch", batch), ("--global-batch", global_batch)) if v is not None),
+                 None)
+    if micro_batch is not None and total and total[1] % micro_batch:
+        fits = [d for d in range(1, total[1] + 1) if total[1] % d == 0]
+        shown = ", ".join(map(str, fits[:8])) + (", ..." if len(fits) > 8 else "")
+        raise MemoError(f"--micro-batch {micro_batch} does not divide {total[0]} {total[1]}"
+                        + (" (nor, then, any replica's share of it)" if total[0] == "--global-batch" else "")
+                        + f": give a --micro-batch that divides it ({shown})")
     if schedules:
         for n in schedules:
             if n not in SCHEDULE_NAMES:
@@ -1146,7 +1156,8 @@ def sppo_always(ranked: list[Candidate], n: int) -> list[Candidate]:
 def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
          simulate_top: int | str = SIMULATE_BOUND, progress: Progress | None = None, allocator_lag: int = 0,
          sppo_simulate: int = SPPO_SIMULATED, jobs: int = 1,
-         while_waiting: Callable[[Candidate], object] | None = None, **fixed) -> WhatIfResult:
+         while_waiting: Callable[[Candidate], object] | None = None, floor_tgs: float | None = None,
+         **fixed) -> WhatIfResult:
     """Both tiers: every candidate estimated; of those that fit, tier 2 simulates (``simulate_top``)
     in order of a proved throughput bound until none left can beat the best simulated
     (``bound``, `memo_sim.search.prune`), every one (``all``), or the analytic best N; the
@@ -1160,7 +1171,10 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
     ``while_waiting(best)``: called once, on the best candidate simulated so far, where this process
     would otherwise wait for SPPO's simulation in the child (the what-if builds that plan's memory
     plan then, `memo_sim.search.plan_build.prebuild_plan`). ``fixed``: `candidates_for`'s keyword
-    arguments."""
+    arguments. ``floor_tgs``: a throughput a plan this search builds was simulated at already (memo's own search
+    beside a framework's, `memo_sim.search.request.answer_whatif`): the bound search before the pipelines counts it as
+    its best, so neither single-stage plans nor pipeline families whose proved bounds lie below it are simulated or
+    built; the caller checks the answer reaches it."""
     mode = parse_simulate_top(simulate_top)
     ahead: list[SppoBeside] = []  # summaries tier 2 takes instead of simulating
 
@@ -1186,14 +1200,14 @@ def rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, *,
         fixed = dict(fixed, sppo_beside=beside)
     try:
         result = _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, ahead, fixed,
-                       while_waiting)
+                       while_waiting, floor_tgs)
         if (result.best is None and mode and fixed.get("optimizer_offload") is None
                 and "optimizer_offload" not in result.searched and not fixed.get("offload_beside")):
             # the estimate fitted some candidates, the event simulator none (fragmentation, copy stalls): the
             # optimizer-on-host layouts, which `candidates_for` adds only where the estimate fits nothing, searched
             # as well (a review: exit 3 where --optimizer-offload fitted, 2026-12-03)
             again = _rank(model, seq, gpus, profile, mode, progress, allocator_lag, sppo_simulate, jobs, ahead,
-                          dict(fixed, offload_beside=True), while_waiting)
+                          dict(fixed, offload_beside=True), while_waiting, floor_tgs)
             if again.searched.get("optimizer_offload"):
                 result = again
         return result
@@ -1272,7 +1286,8 @@ def _bound_words(what: str, simulated: int, gap: float | None) -> str:
 
 
 def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mode, progress, allocator_lag: int,
-          sppo_simulate: int, jobs: int, ahead: list, fixed: dict, while_waiting=None) -> WhatIfResult:
+          sppo_simulate: int, jobs: int, ahead: list, fixed: dict, while_waiting=None,
+          floor_tgs: float | None = None) -> WhatIfResult:
     """`rank` with SPPO's search beside the rest where ``fixed`` says so (``ahead``: what it simulates).
     The bound search starts before the micro-batch pipelines are priced: on the candidates listed by
     then, in this process (SPPO's search may hold the other core), so that a pipeline family whose
@@ -1305,13 +1320,14 @@ def _rank(model: ModelConfig, seq: int, gpus: int, profile: HardwareProfile, mod
                     ahead=ahead[0] if ahead else None, pool=pool),
                     window=2 * jobs if pool is not None else None,
                     on_step=lambda k, gap: stage(_bound_words(what, k, gap)),
-                    on_bound=lambda i, n: stage(f"{what}: proving throughput bounds, {i} of {n}"))
+                    on_bound=lambda i, n: stage(f"{what}: proving throughput bounds, {i} of {n}"), floor=floor_tgs)
             finally:
                 if pool is not None:
                     pool.close()
             # its own key (the words before ':'), so the status line's throttle of one stage cannot drop it: what
             # follows is the pipelines' pricing against this floor (`pipeline_candidates`' ``on_stage``)
-            best = "none fits" if found.best_tgs is None else f"{found.best_tgs:,.0f} tokens/GPU/s"
+            best = "none fits" if found.best_tgs is None else f"{found.best_tgs:,.0f} tokens/GPU/s" + (
+                " (the floor given: a plan of this search simulated before it)" if found.best_tgs == floor_tgs else "")
             stage(f"best simulated before the pipelines: {best} ({found.simulated} of {len(fit)} simulated); next: "
                   f"bounding the micro-batch pipeline families against it")
             return found.best_tgs
