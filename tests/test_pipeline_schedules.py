@@ -265,7 +265,7 @@ def test_whatif_plan_of_a_pipeline_reads_back_and_simulates(tmp_path):
     (["--vpp", "2", "--framework", "deepspeed"], "vpp"),
     (["--pp", "2", "--schedule", "single_stage"], "--pp"),
     (["--batch", "4", "--global-batch", "8"], "--global-batch"),
-    (["--pp", "2", "--micro-batch", "3", "--batch", "4", "--schedule", "1f1b"], "no valid layout"),
+    (["--pp", "2", "--micro-batch", "3", "--batch", "4", "--schedule", "1f1b"], "--micro-batch 3 does not divide --batch 4"),
 ])
 def test_bad_pipeline_flags_are_one_line_errors(args, needle):
     r = CliRunner().invoke(cli, ["whatif", "--gpus", "8", "--seq", "16K", "--no-plan", *args])

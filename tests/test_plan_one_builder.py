@@ -90,7 +90,7 @@ def test_every_whatif_option_lands_in_the_request_or_the_output():
 
     built = {"model_name", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "dtype",  # the model
              "mtp_layers", "precision",
-             "profile_name", "train_tokens",  # the profile; Show.train_budget
+             "profile_name", "train_tokens", "headroom",  # the profile (--headroom left free on it); Show.train_budget
              "pipeline_layout"}  # parsed against the model into WhatifRequest.chunk_layers
     taken = {f.name for f in fields(WhatifRequest)} | {f.name for f in fields(Show)} | built
     assert {p.name for p in whatif.params} - taken == set()

@@ -154,3 +154,32 @@ def test_the_bound_search_counts_a_floor_as_its_best():
     ran.clear()
     rep = prune.simulate_by_bound(cands, sim, batch=1, floor=95.0)
     assert ran == [cands[0]] and rep.best_tgs == 95.0  # 100 is above the floor, 80 and 60 are not
+
+
+def test_a_gap_the_framework_cannot_split_still_names_the_mechanisms_that_differ():
+    """Where the framework does not run memo's best layout, the gap split could only say 'layout and mechanisms
+    together' (a review: torchtitan's FlashAttention-2 against memo's cuDNN kernel went unsaid behind 1.77x); it names
+    the mechanisms the framework runs its own way too, in the text and in --json."""
+    import json
+
+    args = ["whatif", "--model", "llama-3.1-70b", "--gpus", "64", "--seq", "128K", "--profile", "h100-sxm5-80gb",
+            "--framework", "torchtitan", "--no-plan", "--jobs", "1", "--simulate-top", "1"]
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.output.splitlines() if "the gap split" in ln)
+    assert "is not one torchtitan runs" in line and "(memo's -> torchtitan's mechanisms: attention cudnn -> flash" in line
+    d = json.loads(CliRunner().invoke(cli, [*args, "--json"]).output)
+    assert "attention cudnn -> flash" in d["memo_best_on_framework"]["mechanisms"]
+
+
+def test_a_profile_name_in_another_case_is_the_profile():
+    """Model names were found in any case (Llama-3.1-70B) and profile names refused (H100-SXM5-80GB), a review: the
+    profile a name in other case names is loaded, by its own name, and a plan keeps that spelling."""
+    from memo_sim.plan.schema import with_profile_reference
+    from memo_sim.profile import load_profile
+
+    assert load_profile("H100-SXM5-80GB").name == "h100-sxm5-80gb"
+    plan = type("P", (), {"profile": "h100-sxm5-80gb"})()
+    assert with_profile_reference(plan, "H100-SXM5-80GB") is plan
+    r = CliRunner().invoke(cli, ["whatif", "--profile", "H100-sxm", "--no-plan"])
+    assert r.exit_code == 2 and "did you mean h100-sxm5-80gb" in r.output, r.output

@@ -25,3 +25,15 @@ def test_grouped_query_attention_over_ulysses_is_a_gap():
     # multi-head attention, or no Ulysses: nothing to say
     for plan in (_plan(Layout(ulysses=8, dp=8, zero=3), "gpt-7b"), _plan(Layout(dp=64, zero=3), "llama-3.1-70b")):
         assert not [g for g in export_plan(plan, "deepspeed", price=False).gaps if "grouped-query" in g.what]
+
+
+def test_the_edit_it_needs_before_running_comes_first():
+    """The script stops at its first forward without the hand edit, and that was one gap among several (a review):
+    the edit heads the file written, before the plan's summary; a gap the script runs through has none."""
+    ex = export_plan(_plan(Layout(ulysses=8, dp=8, zero=3), "llama-3.1-70b"), "deepspeed", price=False)
+    edits = [g.before_running for g in ex.gaps if g.before_running]
+    assert len(edits) == 1 and "repeat the 8 K/V heads to the 64 query heads" in edits[0], edits
+    script = ex.files["deepspeed.sh"].splitlines()
+    assert script[2] == f"# BEFORE RUNNING: {edits[0]}", script[:4]
+    ex = export_plan(_plan(Layout(dp=64, zero=3), "llama-3.1-70b"), "deepspeed", price=False)
+    assert not any(g.before_running for g in ex.gaps) and "BEFORE RUNNING" not in ex.files["deepspeed.sh"]

@@ -57,8 +57,8 @@ def test_the_comparison_searches_name_their_stages_after_the_answers():
                                 framework="megatron", tp=2, jobs=1), progress=Progress())
     done = next(i for i, w in enumerate(seen) if w.startswith("done: "))
     later = seen[done + 1:]
-    assert any(w.startswith("memo's own search (the gap line): ") for w in later), later
-    assert any(w.startswith("the same search in bf16 (what FP8 buys): ") for w in later), later
+    assert any(w.startswith("memo's own search (the gap line; --no-compare skips it): ") for w in later), later
+    assert any(w.startswith("the same search in bf16 (what FP8 buys; --no-compare skips it): ") for w in later), later
 
 
 def test_the_gap_split_runs_memos_plan_with_the_frameworks_model_too(tmp_path):

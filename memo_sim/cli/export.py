@@ -109,6 +109,9 @@ def export(plan_file, framework, out_dir, price, nearest, jobs, progress):
     written = [outf.path(p) for p in staged]
     click.echo(f"{plan_file} -> {ex.framework} ({ex.source}): {', '.join(str(p) for p in written)}")
     click.echo(f"  run: {ex.launch}")
+    for g in ex.gaps:
+        if g.before_running:
+            click.echo(f"  BEFORE RUNNING: {g.before_running}")
     if ex.instead is not None:
         for line in instead_lines(ex.instead, ex.framework):
             click.echo(f"  {line}")

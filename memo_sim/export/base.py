@@ -55,6 +55,9 @@ class Gap:
     what: str  # the part of the plan the framework cannot express
     nearest: str  # the setting written instead
     change: PlanChange = PlanChange()
+    # the edit without which the file written stops before it trains ("": it runs as written); said first, in the
+    # file and on the terminal (a review: a DeepSpeed script that asserts at its first forward was one gap of a list)
+    before_running: str = ""
 
 
 @dataclass
@@ -72,6 +75,7 @@ class Export:
     def comment_block(self, prefix: str = "# ") -> str:
         """The not-expressible block, as comment lines of the exported file."""
         lines = [f"Exported by memo-sim export for {self.framework} (option names as in {self.source})."]
+        lines += [f"BEFORE RUNNING: {g.before_running}" for g in self.gaps if g.before_running]
         if self.instead is not None:
             lines += instead_lines(self.instead, self.framework)
         if not self.gaps:

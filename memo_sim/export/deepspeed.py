@@ -110,7 +110,10 @@ def _gqa_ulysses_gap(plan: Plan, lay) -> list[Gap]:
                 "written as planned, but Megatron-DeepSpeed's attention asserts projection_size == kv_projection_size "
                 "under --ds-sequence-parallel-size: the script stops at its first forward unless the K/V heads are "
                 f"repeated to the query heads in the model by hand, the all-to-all memo prices for {FRAMEWORK} "
-                f"(ulysses_kv {rule}; the source: memo-sim frameworks {FRAMEWORK})")]
+                f"(ulysses_kv {rule}; the source: memo-sim frameworks {FRAMEWORK})",
+                before_running=f"repeat the {m.kv_heads} K/V heads to the {m.heads} query heads in Megatron-DeepSpeed's "
+                               "attention (megatron/model/transformer.py): as written it asserts projection_size == "
+                               "kv_projection_size at its first forward under --ds-sequence-parallel-size")]
 
 
 def _heads_gap(plan: Plan, earlier: list[Gap]) -> list[Gap]:

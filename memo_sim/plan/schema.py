@@ -265,7 +265,8 @@ def with_profile_reference(plan: Plan, given: str) -> Plan:
     p = Path(given)
     if p.suffix in (".yaml", ".yml", ".json") or p.exists():
         return dataclasses.replace(plan, profile=str(p.resolve()))
-    return plan if str(given) == plan.profile else dataclasses.replace(plan, profile=str(given))
+    # the name in another case is the same profile (`load_profile`): the plan keeps its own spelling
+    return plan if str(given).lower() == plan.profile.lower() else dataclasses.replace(plan, profile=str(given))
 
 
 def write_plan(plan: Plan, path: str | Path) -> Path:

@@ -481,6 +481,9 @@ def load_profile(name_or_path: str | os.PathLike) -> HardwareProfile:
         if len(named) == 1:
             return _parse_file(named[0])
         asked = str(name_or_path).lower()
+        same = [k for k in known if k.lower() == asked]  # the name in other case (a review: H100-SXM5-80GB refused
+        if len(same) == 1:  # where --model Llama-3.1-70B was found): the profile it names, by its own name
+            return _named(_parse_file(known[same[0]]), same[0])
         near = sorted(k for k in known if k.startswith(asked)) or difflib.get_close_matches(asked, known, n=2,
                                                                                              cutoff=0.6)
         hint = f"did you mean {' or '.join(near)}? " if near else ""

@@ -483,9 +483,11 @@ def gap_line(framework: str, best, memo_best, on_framework: dict | None) -> str:
     if not on_framework:
         return ""
     if on_framework.get("not_runnable"):  # the framework's mechanisms do not run memo's layout at all
+        which = on_framework.get("mechanisms") or []
         return (f"the gap split: memo's best layout with {framework}'s mechanisms ({on_framework['layout_label']}) "
                 f"is not one {framework} runs ({on_framework['not_runnable']}), so the "
-                f"{memo_best.tgs / best.tgs:.2f}x is memo's layout and mechanisms together")
+                f"{memo_best.tgs / best.tgs:.2f}x is memo's layout and mechanisms together"
+                + (f" (memo's -> {framework}'s mechanisms: {', '.join(which)})" if which else ""))
     if on_framework.get("same_mechanisms"):  # memo's best runs the framework's mechanisms: its layout and policy are
         if memo_best.tgs <= best.tgs:  # the whole gap
             return ""

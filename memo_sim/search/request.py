@@ -446,8 +446,11 @@ def answer_whatif(req: WhatifRequest, progress=None, while_waiting=None, compari
             fmodel = for_profile(fw.for_model(memo_best.model), req.profile)  # (its copies on this GPU: the search's)
         except MemoError as e:
             why, fmodel = why or str(e).splitlines()[0], memo_best.model
-        if why:
-            memo_on_framework = {"not_runnable": why, "layout_label": lay.label()}
+        if why:  # the mechanisms that differ named all the same (a review: torchtitan's FlashAttention-2 against
+            # memo's cuDNN kernel went unsaid behind a 1.77x "layout and mechanisms together")
+            memo_on_framework = {"not_runnable": why, "layout_label": lay.label(),
+                                 "mechanisms": mechanism_changes(memo_best.layout, lay, req.profile)
+                                 + _model_changes(memo_best.model, fmodel, memo_best.policy)}
         elif lay == memo_best.layout and fmodel == memo_best.model:  # memo's best already runs the framework's
             memo_on_framework = {"same_mechanisms": True, "layout_label": lay.label()}  # mechanisms (`gap_line`)
         else:
