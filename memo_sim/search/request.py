@@ -489,7 +489,8 @@ def _own_floor(best: Candidate | None, model, req: WhatifRequest, policies) -> f
     --framework megatron (a review), whose best is a pipeline, simulated about 1,400 single-stage plans for the gap
     line before its pipelines were priced; with megatron's best on memo's mechanisms (64 tokens/GPU/s) as its floor
     the whole what-if took 228 s instead of 325 (315 against 467 s of CPU; its own search 70 s; this VM, 2026-12-05,
-    one after the other, alone)."""
+    one after the other, alone), and 152 s once the single-stage bound counted the data-parallel stream
+    (`memo_sim.search.bound`)."""
     from memo_sim.search.whatif import simulate_variant  # noqa: PLC0415
 
     anyf = get_framework("any")
