@@ -303,7 +303,9 @@ def _summary_lines(plan, res=None) -> list[str]:
         how = ("placed from memo-exec's recorded layer, which memo-exec run checks it against"
                if traced_by_executor(plan) else "checked against this layer's forward and backward")
         out.append(f"  memory plan: transient arena {fmt_bytes(plan.memory_plan.transient_arena_bytes)}, "
-                   f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed ({how})")
+                   f"{sum(len(ph.offsets) for ph in plan.memory_plan.phases.values())} tensors placed ({how}); "
+                   "the layer transients below add the tensors a phase holds beside the arena, which the plan leaves "
+                   "to the caching allocator (the backward's gradients, the attention workspace)")
         if plan.memory_plan.stages:
             out.append("  level 2 per pipeline rank (the micro-batches each holds in flight, checked against its "
                        "schedule's order): " + ", ".join(f"rank {st.stage} {fmt_bytes(st.arena_bytes)} "

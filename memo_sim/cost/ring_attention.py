@@ -102,20 +102,27 @@ def applies(model: ModelConfig, layout: Layout, seq: int) -> bool:
     return layout.cp > 1 and layout.attention != "materialised" and model.attention_flop_fraction(seq) == 1.0
 
 
-def _ring_kernels(cp: int, step_kernels: bool, first_step: bool = False) -> list[tuple[float, str]]:
-    """(FLOPs in c x c full blocks, mask) of each kernel one rank runs per layer pass (``first_step``: at ring step
-    0 only): the zigzag blocks, a causal diagonal one half a full block (`zigzag_step_blocks`), or with
-    ``step_kernels`` one kernel per ring step of 2·c² score elements, causal over the rank's 2c tokens at step 0."""
+@lru_cache(maxsize=256)
+def _ring_kernels(cp: int, step_kernels: bool, first_step: bool = False) -> tuple[tuple[float, str, int], ...]:
+    """(FLOPs in c x c full blocks, mask, how many) of the kernels one rank runs per layer pass (``first_step``: at
+    ring step 0 only): the zigzag blocks, a causal diagonal one half a full block (`zigzag_step_blocks`), or with
+    ``step_kernels`` one kernel per ring step of 2·c² score elements, causal over the rank's 2c tokens at step 0.
+    Kernels alike are counted once (a what-if prices thousands of CP layouts, up to 2·cp + 1 kernels each)."""
     if step_kernels:
-        return [(2.0, "causal")] + ([] if first_step else [(2.0, "full")] * (cp - 1))
-    blocks = zigzag_step_blocks(cp, 0, 0) if first_step else zigzag_blocks(cp, 0)
-    return [(0.5, "causal") if causal else (1.0, "full") for _q, _k, causal in blocks]
+        kernels = [(2.0, "causal")] + ([] if first_step else [(2.0, "full")] * (cp - 1))
+    else:
+        blocks = zigzag_step_blocks(cp, 0, 0) if first_step else zigzag_blocks(cp, 0)
+        kernels = [(0.5, "causal") if causal else (1.0, "full") for _q, _k, causal in blocks]
+    counts: dict[tuple[float, str], int] = {}
+    for k in kernels:
+        counts[k] = counts.get(k, 0) + 1
+    return tuple((units, mask, n) for (units, mask), n in counts.items())
 
 
-def _kernels_time(kernels: list[tuple[float, str]], f_full: float, profile: HardwareProfile, dtype: str,
+def _kernels_time(kernels: tuple[tuple[float, str, int], ...], f_full: float, profile: HardwareProfile, dtype: str,
                   head_dim: int | None, kernel: str, phase: str) -> float:
     price = attention_bwd_time if phase == "bwd" else attention_fwd_time
-    return sum(price(units * f_full, profile, dtype, head_dim, kernel, mask) for units, mask in kernels)
+    return sum(n * price(units * f_full, profile, dtype, head_dim, kernel, mask) for units, mask, n in kernels)
 
 
 def gathers_kv(model: ModelConfig, layout: Layout, seq: int) -> bool:

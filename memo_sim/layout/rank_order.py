@@ -75,9 +75,11 @@ def data_group_stride(layout) -> int:
 
 
 def places_apart(layout, gpus_per_node: int) -> bool:
-    """Whether the orders put ``layout``'s GPUs on different nodes: a pipeline with data parallelism whose stage
-    (tp x ulysses x cp ranks of a replica) is smaller than a node; else every order's groups span the same nodes."""
-    return layout.pp > 1 and layout.dp > 1 and layout.tp * layout.ulysses * layout.cp < gpus_per_node
+    """Whether the orders put ``layout``'s GPUs on different nodes: a pipeline with data parallelism over more than
+    one node whose stage (tp x ulysses x cp ranks of a replica) is smaller than a node; else every order's groups
+    span the same nodes (a review: a 4-GPU pipeline was said to sit on other nodes in the other order)."""
+    return (layout.pp > 1 and layout.dp > 1 and layout.gpus > gpus_per_node
+            and layout.tp * layout.ulysses * layout.cp < gpus_per_node)
 
 
 def order_variants(layout, orders: tuple[str, ...], gpus_per_node: int) -> list:

@@ -248,6 +248,7 @@ def hf_model_fields(raw: dict, source: str = "config.json", name: str = "hf-mode
                             f"the families {', '.join(MOE_FAMILIES)}")
     c = {**_DEFAULTS[mt], **raw}
     _refuse_cross_attention(c, refuse)
+    _refuse_linear_attention(c, refuse)
     _refuse_window(c, mt, refuse)
 
     def need(*keys: str) -> int:
@@ -473,6 +474,30 @@ def _refuse_cross_attention(c: dict, refuse) -> None:
             raise refuse(fld, "cross-attention / encoder-decoder models are not modelled (decoder-only)")
 
 
+# keys of linear-attention layers (Qwen3-Next's gated DeltaNet beside its full-attention layers, MiniMax's lightning
+# attention): a config of a family memo reads that carries one is refused, not planned as full attention in silence
+# (a review: a Qwen3-Next config relabelled qwen3_moe was read with its 36 linear layers priced as full attention)
+_LINEAR_ATTENTION_KEYS = ("full_attention_interval", "linear_num_value_heads", "linear_num_key_heads",
+                          "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+                          "linear_attn_config", "attn_type_list")
+_ATTENTION_TYPES = ("full_attention", "sliding_attention")
+
+
+def _refuse_linear_attention(c: dict, refuse) -> None:
+    """A linear-attention key (`_LINEAR_ATTENTION_KEYS`), or a ``layer_types`` entry other than full or sliding
+    attention: those layers are not modelled."""
+    for key in _LINEAR_ATTENTION_KEYS:
+        if c.get(key) is not None:
+            raise refuse(key, "linear-attention layers (Qwen3-Next's gated DeltaNet, MiniMax's lightning attention) are "
+                              "not modelled; memo prices softmax attention, full or sliding-window")
+    types = c.get("layer_types")
+    if isinstance(types, list):
+        other = sorted({t for t in types if isinstance(t, str) and t not in _ATTENTION_TYPES})
+        if other:
+            raise refuse("layer_types", f"{other[0]!r} layers are not modelled (memo prices "
+                                        f"{' and '.join(_ATTENTION_TYPES)})")
+
+
 def _refuse_window(c: dict, mt: str, refuse) -> None:
     """A ``sliding_window`` in a family whose modelling code does not read it (transformers' Llama, GPT-2, GPT-NeoX,
     DeepSeek, GLM-4.5 and Llama 4 attend over the full causal context whatever the key says): refused rather than
@@ -592,6 +617,7 @@ def moe_fields(raw: dict, source: str = "config.json", name: str = "hf-model") -
     mt = raw["model_type"]
     c = {**_DEFAULTS[mt], **raw}
     _refuse_cross_attention(c, refuse)
+    _refuse_linear_attention(c, refuse)
     _refuse_window(c, mt, refuse)
     need = lambda k, lo=1: _whole(c, k, refuse, lo)  # noqa: E731
     hidden, layers, heads = need("hidden_size"), need("num_hidden_layers"), need("num_attention_heads")

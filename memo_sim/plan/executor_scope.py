@@ -178,9 +178,10 @@ def attention_why_not(model: ModelConfig, layout: Layout | None = None, schedule
     head = f"plan model {m.name}: {' and '.join(what)}"
     split = [f"{f} {getattr(layout, f)}" for f in ("cp", "ulysses") if getattr(layout, f) > 1]
     if split:
-        return (f"{head} with {', '.join(split)}: the executor applies sinks, windows and chunks on a rank that holds "
-                f"the whole sequence of its heads (Megatron TP, data parallelism, pipelines); plan without cp, "
-                f"ulysses")
+        # a review: "on a rank that holds the whole sequence of its heads" read as a refusal of what Ulysses gives
+        return (f"{head} with {', '.join(split)}: the executor's ring and Ulysses attention run plain causal masks; it "
+                f"applies sinks, windows and chunks where no rank splits the sequence (Megatron TP, data parallelism, "
+                f"pipelines); plan without cp, ulysses (e.g. whatif --cp 1 --ulysses 1) to run it")
     if layout.tp > 1 and layout.tp_mode != "megatron":
         return f"{head} with tp_mode {layout.tp_mode}: the executor applies them under Megatron TP only"
     if schedule == "sppo":

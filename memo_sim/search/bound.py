@@ -15,7 +15,14 @@ whose longest path is `critical_time`):
   (`memo_sim.search.estimate.dp_stream_seconds`, each at its work): ZeRO-3 over data-parallel groups across nodes
   is that stream's time, which the chain alone left out (Llama-3.1-405B on 16,384 H100s at 128K, TP 4 x Ulysses 32
   x ZeRO-3 over 128: a chain of 8.7 s, a stream of 18.6 s, 25.0 s simulated; such bounds 2x above the simulated
-  throughput kept memo's own search simulating 1,400 plans);
+  throughput kept memo's own search simulating 1,400 plans); and no shorter than what its links and SMs carry
+  (`_contention_seconds`): each link of the GPU (its NVLink port, its share of the node's NICs) runs its collectives
+  as fluid flows of at most its capacity in all, so the iteration lasts at least their seconds alone summed; and while
+  they run the compute stream's kernels get at most the SMs an NCCL kernel leaves them (`memo_sim.cost.comm_sms`), so
+  ``T >= work + (1 - share) x u`` (``work`` the compute stream's seconds alone, ``u`` the time some of those kernels
+  run). Context- and sequence-parallel groups across nodes beside ZeRO over nodes were bounded 1.2-1.5x below their
+  simulation by the chain and stream alone (Llama-3.1-70B on 512 H100s at 128K: ``tp2+sp-cp256-z3`` 3.30 s against
+  5.02 s simulated, 4.66 s with the links);
 - 1F1B / interleaved 1F1B: rank s cannot start before the first micro-batch's first chunk has
   run forward on ranks 0..s-1, then runs every unit of its own (m micro-batches x its layers,
   forward, recompute and backward) one after another on its compute stream, and its last
@@ -38,16 +45,19 @@ from __future__ import annotations
 from typing import Callable
 
 from memo_sim.cost.boundary import boundary_times, pipeline_boundary_times
+from memo_sim.cost.comm_sms import collective_sms, compute_share, nccl_sms
 from memo_sim.cost.grad_sync import grad_sync
 from memo_sim.cost.memo import memoised
-from memo_sim.cost.layer_time import critical_time
+from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.cost.sppo import stage_layer_counts, stage_optimizer_time
+from memo_sim.engine.schedules.single_stage import collective_link
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import distinct_shards, stage_shards
 from memo_sim.memplan.trace_gen import per_gpu_shard
 from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
 from memo_sim.model.flops import tgs
-from memo_sim.search.estimate import _forward_backward_times, dp_stream_seconds, ep_overlap_times, stage_shard
+from memo_sim.search.estimate import (_forward_backward_times, compute_stream_times, dp_stream_seconds, ep_overlap_times,
+                                      stage_shard)
 from memo_sim.search.sppo.estimate import recurrence
 
 BoundRule = Callable[[object], float]  # Candidate -> seconds
@@ -96,7 +106,60 @@ def single_stage_bound(c) -> float:
     sync = grad_sync(model, lay, profile)
     bucket = (sync.embedding_grad if sync.overlapped else sync.all_grads) if sync.active else 0.0
     one = bt.embedding + n * (f + b) + recomputed * r + bt.classifier
-    return max(m * one + bucket + bt.optimizer, dp_stream_seconds(sync, n, m, lay.zero))
+    stream = dp_stream_seconds(sync, n, m, lay.zero)
+    return max(m * one + bucket + bt.optimizer, stream, _contention_seconds(c, n, m, recomputed, sync, stream))
+
+
+def _link_seconds(costs, layout, profile) -> dict[str, tuple[float, float]]:
+    """Per engine link (``nvlink`` / ``internode``): the seconds alone of a phase list's collectives on it, summed,
+    and the fewest SMs one of them holds (`memo_sim.engine.schedules.single_stage.collective_link`,
+    `memo_sim.cost.comm_sms`)."""
+    out: dict[str, tuple[float, float]] = {}
+    nccl = nccl_sms(profile)
+    for k in costs:
+        if k.stream == "compute" or k.seconds <= 0.0:
+            continue
+        link = collective_link(k, layout, profile)
+        sms = collective_sms(k.name, layout)
+        work, held = out.get(link, (0.0, float("inf")))
+        out[link] = (work + k.seconds, min(held, nccl if sms is None else sms))
+    return out
+
+
+@memoised(maxsize=1 << 15)
+def _layer_streams(model, shard, batch, seq, policy, profile) -> tuple:
+    """One layer's (forward + backward compute-stream seconds, its recompute's, the forward's and backward's
+    collectives per link, the recompute's): what the single stage's link and SM bounds add up (memoised as
+    `_phase_times`)."""
+    f_on, b_on = compute_stream_times(model, shard, batch, seq, profile)
+    rec = policy.recompute_costs(model, shard, batch, seq, profile)
+    fb = _link_seconds([*forward_costs(model, shard, batch, seq, profile),
+                        *backward_costs(model, shard, batch, seq, profile)], shard, profile)
+    return (f_on + b_on, sum(k.seconds for k in rec if k.stream == "compute") if rec else 0.0, fb,
+            _link_seconds(rec, shard, profile) if rec else {})
+
+
+def _contention_seconds(c, n: int, m: int, recomputed: int, sync, stream: float) -> float:
+    """The single stage's links and SMs (module docs). Links: each of the GPU's links (its NVLink port, its share
+    of the node's NICs) carries its collectives one fluid flow each, at most its capacity in all, so the iteration
+    lasts at least the seconds alone of every collective on one link, summed: the layers' (every micro-batch, the
+    recomputed ones again) and, on the data-parallel group's link, the data-parallel stream's. SMs: while any of
+    these communication kernels runs (at least ``u`` seconds, the longest of those sums and ``stream``) the layers'
+    kernels (``work`` seconds one after another at their stand-alone times) run at most at the SM share the
+    fewest SMs a kernel among them holds leave (`memo_sim.cost.comm_sms.compute_share`), so an iteration of ``T``
+    runs ``work <= (T - u) + share x u``: ``T >= work + (1 - share) x u``."""
+    shard, mb = per_gpu_shard(c.layout), c.micro_batch or c.batch
+    fb_on, r_on, fb_links, r_links = _layer_streams(c.model, shard, mb, c.seq, c.policy, c.profile)
+    nccl, none = nccl_sms(c.profile), float("inf")
+    busy = [(stream, nccl)] if stream > 0.0 else []  # (seconds some communication kernels run, the fewest SMs one holds)
+    for link in {*fb_links, *r_links}:
+        fw, fh = fb_links.get(link, (0.0, none))
+        rw, rh = r_links.get(link, (0.0, none)) if recomputed else (0.0, none)
+        dp = stream > 0.0 and link == sync.link
+        busy.append((m * (n * fw + recomputed * rw) + (stream if dp else 0.0), min(fh, rh, nccl if dp else none)))
+    work = m * (n * fb_on + recomputed * r_on)
+    return max((max(u, work + (1.0 - (compute_share(held, c.profile) if held < none else 1.0)) * u)
+                for u, held in busy if u > 0.0), default=0.0)
 
 
 @register_bound("1f1b", "interleaved_1f1b")

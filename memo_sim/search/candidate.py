@@ -442,15 +442,20 @@ def deciding_gpu_peak(peak_bytes: float, allocator: dict | None) -> tuple[float,
 
 def deciding_peak_words(peak_text: str, peak_bytes: float, allocator: dict | None, capacity: float) -> str:
     """``GPU memory N% full (...)`` of the deciding peak (`deciding_gpu_peak`): the replay's reserved peak named as
-    such, with the allocated peak (``peak_text``, its source named) beside it where the reserved one decides."""
+    such, with the replay's allocated peak (``torch.cuda.max_memory_allocated()``) and the simulator's own peak
+    (``peak_text``, its source named) beside it where the reserved one decides."""
     from memo_sim.units import fmt_bytes
 
     use, reserved = deciding_gpu_peak(peak_bytes, allocator)
     if not reserved:
         return f"GPU memory {100 * use / capacity:.0f}% full ({peak_text} of {fmt_bytes(capacity)}"
+    # a review: "the allocated peak" here named the simulator's own high-water mark (73.51 GiB), while check-plan
+    # gave torch.cuda.max_memory_allocated() as the replay's allocated peak (69.42 GiB): two numbers, one name
+    allocated = (allocator or {}).get("peak_allocated_bytes")
+    replay = f"; {fmt_bytes(allocated)} allocated at most" if allocated else ""
     return (f"GPU memory {100 * use / capacity:.0f}% full (PyTorch's reserved peak {fmt_bytes(use)} (simulated, "
-            f"caching allocator replay) of {fmt_bytes(capacity)}, the higher of it and the allocated peak "
-            f"{peak_text}, so the one that decides fit")
+            f"caching allocator replay{replay}) of {fmt_bytes(capacity)}, the higher of it and the simulator's own "
+            f"peak (each phase's tensors one block) {peak_text}, so the one that decides fit")
 
 
 def gpu_memory_words(c) -> str:

@@ -90,6 +90,16 @@ def _forward_backward_times(model: ModelConfig, layout: Layout, batch: int, seq:
 
 
 @memoised()
+def compute_stream_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
+                         profile: HardwareProfile) -> tuple[float, float]:
+    """One layer's forward's and backward's compute-stream seconds: every kernel of the layer, one after another on
+    the compute stream, each at its stand-alone time (what no overlap takes off a rank's compute stream; the proved
+    bounds', `memo_sim.search.bound`)."""
+    return (sum(c.seconds for c in forward_costs(model, layout, batch, seq, profile) if c.stream == "compute"),
+            sum(c.seconds for c in backward_costs(model, layout, batch, seq, profile) if c.stream == "compute"))
+
+
+@memoised()
 def ep_overlap_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
                      profile: HardwareProfile) -> tuple[float, float, float]:
     """One layer under `Layout.ep_overlap` (`memo_sim.engine.schedules.ep_overlap`): (seconds a merged step saves on
@@ -97,8 +107,7 @@ def ep_overlap_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     backward's compute-stream seconds, what no overlap takes off a rank's compute stream: the bound's,
     `memo_sim.search.bound`). The saving is 0 where the layer's dispatcher moves nothing."""
     fwd, bwd = forward_costs(model, layout, batch, seq, profile), backward_costs(model, layout, batch, seq, profile)
-    on_compute = (sum(c.seconds for c in fwd if c.stream == "compute"),
-                  sum(c.seconds for c in bwd if c.stream == "compute"))
+    on_compute = compute_stream_times(model, layout, batch, seq, profile)
     fs, bs = split_layer(fwd, backward=False), split_layer(bwd, backward=True)
     if fs is None or bs is None:
         return 0.0, *on_compute

@@ -94,6 +94,13 @@ def runnable_problems(plan: Plan, memory_plan: bool = True,
         out.append(why)
     if plan.framework not in FRAMEWORKS:  # (a review: "jax" was read, and only sweep-seq refused it, later)
         out.append(f"framework: {plan.framework!r} is not a framework memo knows; write one of {', '.join(FRAMEWORKS)}")
+    elif plan.framework != "any" and plan.policy.name not in FRAMEWORKS[plan.framework].policies:
+        # a review: a plan edited to megatron beside MEMO's policy was valid for check-plan, where the what-if searches
+        # a framework's own policies only (memo's own, any, runs every policy its executor has)
+        offered = FRAMEWORKS[plan.framework].policies
+        out.append(f"framework: {plan.framework} does not offer the policy {plan.policy.name} (it offers "
+                   f"{', '.join(offered)}); write a framework that offers it (`memo-sim frameworks`) or one of these "
+                   f"policies")
     why = gemm_format_problem(plan, profile)
     if why:
         out.append(why)
