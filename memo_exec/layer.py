@@ -37,7 +37,6 @@ recompute rebuilds local rows ``[start, T)`` and gathered rows ``[start*p, T*p)`
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -65,11 +64,7 @@ def dense_view(model: ModelConfig) -> ModelConfig:
     """``model`` without its experts: the dense layer whose skeletal tensors the executor saves for
     every layer of a MoE model too (fc1 and act for its ``dense_layers``; a MoE layer's block keeps its
     own state instead, `memo_exec.moe.block`)."""
-    if not model.moe:
-        return model
-    return dataclasses.replace(model, experts=0, top_k=0, expert_ffn=0, shared_experts=0, shared_ffn=0,
-                               shared_gate=False, dense_layers=0, dense_period=0, moe_bias=False, router_groups=0,
-                               router_group_topk=0, router_scaling=1.0)
+    return model.dense_view()
 
 
 def _tensor_specs(model: ModelConfig):

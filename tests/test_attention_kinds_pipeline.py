@@ -1,6 +1,6 @@
 """A pipeline stage's layers priced at their own attention kind (a review: the micro-batch pipelines priced every
 layer at the model's mean window fraction, so a stage holding more full-attention layers than the mean ran faster
-than its own compute allows). `memo_sim.model.attention_kinds`."""
+than its own compute allows). `memo_sim.model.layer_kinds`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from memo_sim.engine.schedules.single_stage import layer_plan
 from memo_sim.engine.simulate import simulate
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import memory_breakdown
-from memo_sim.model.attention_kinds import kind_model, kinds_of, layer_kinds
+from memo_sim.model.layer_kinds import kind_model, kinds_of, layer_kinds
 from memo_sim.model.config import ModelConfig
 from memo_sim.profile.loader import load_profile
 from memo_sim.search.bound import lower_bound
@@ -28,10 +28,10 @@ SEQ = 32768
 
 
 def test_layer_kinds_follow_the_stated_placement():
-    assert layer_kinds(SW) == ((4096, 0), (0, 0), (4096, 0), (0, 0), (4096, 0), (0, 0))
-    assert kinds_of(SW, range(3)) == {(4096, 0): 2, (0, 0): 1}
-    assert kind_model(SW, (0, 0)).attention_flop_fraction(SEQ) == 1.0
-    assert kind_model(SW, (4096, 0)).attention_flop_fraction(SEQ) < 0.25
+    assert layer_kinds(SW) == ((4096, 0, False), (0, 0, False)) * 3
+    assert kinds_of(SW, range(3)) == {(4096, 0, False): 2, (0, 0, False): 1}
+    assert kind_model(SW, (0, 0, False)).attention_flop_fraction(SEQ) == 1.0
+    assert kind_model(SW, (4096, 0, False)).attention_flop_fraction(SEQ) < 0.25
     unplaced = ModelConfig("sw6u", 6, 1024, 8, 4096, vocab=32000, sliding_window=4096, sliding_layers=3)
     assert layer_kinds(unplaced) == () and "have no period placing them" in unplaced.unplaced_attention_words()
     assert unplaced.unplaced_attention_words() in unplaced.model_notes()

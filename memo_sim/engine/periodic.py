@@ -87,15 +87,31 @@ class Fold:
         return short if short < self.cut else short + self.copies
 
 
-def plan_fold(layers: int, signature, allocator_stall: dict[str, float] | None = None) -> Fold | None:
+def plan_fold(layers: int, signature, allocator_stall: dict[str, float] | None = None,
+              kinds: tuple = ()) -> Fold | None:
     """The fold for a model of ``layers`` layers, or None where there is none to make.
 
     ``signature(i, n)``: what the schedule does with layer i of n
     (`memo_sim.engine.schedules.layer_signature` for a policy); a layer's allocator stalls
-    (``allocator_stall`` keys ``L<i>.fwd`` / ``L<i>.bwd``, by the model's layer) are part of it.
+    (``allocator_stall`` keys ``L<i>.fwd`` / ``L<i>.bwd``, by the model's layer) are part of it, and so is its
+    kind where the model's layers differ (``kinds``, by the model's layer: `memo_sim.model.layer_kinds`).
     The model's layer sequence must be the short one's with G copies of its layer ``CUT - 1``
-    inserted at ``CUT``, and the layers the check reads must all look alike."""
-    fold = Fold(layers)
+    inserted at ``CUT``, and the layers the check reads must all look alike. Where the kinds differ, a short run
+    one layer longer, its cut one layer later, is tried next, up to `MAX_SHIFT` (DeepSeek-V3's first three dense
+    layers reach into the checked windows of the shortest)."""
+    for shift in range(MAX_SHIFT + 1 if kinds else 1):
+        fold = _fold_at(Fold(layers, FOLD_LAYERS + shift, CUT + shift), signature, allocator_stall, kinds)
+        if fold is not None:
+            return fold
+    return None
+
+
+MAX_SHIFT = 6  # layers a fold's cut may move past CUT where the layers' kinds differ
+
+
+def _fold_at(fold: Fold, signature, allocator_stall: dict[str, float] | None, kinds: tuple) -> Fold | None:
+    """`plan_fold`'s checks of one short run and cut, and its allocator stalls by short layer; None where they fail."""
+    layers = fold.layers
     g, c, n_short = fold.copies, fold.cut, fold.simulated
     if g < MIN_COPIES:
         return None
@@ -104,8 +120,11 @@ def plan_fold(layers: int, signature, allocator_stall: dict[str, float] | None =
     def stalls(i: int) -> tuple[float, float]:
         return stall.get(f"L{i}.fwd", 0.0), stall.get(f"L{i}.bwd", 0.0)
 
-    short = [signature(i, n_short) + stalls(fold.model_layer(i)) for i in range(n_short)]
-    whole = [signature(i, layers) + stalls(i) for i in range(layers)]
+    def kind(i: int) -> tuple:
+        return (kinds[i],) if kinds else ()
+
+    short = [signature(i, n_short) + stalls(fold.model_layer(i)) + kind(fold.model_layer(i)) for i in range(n_short)]
+    whole = [signature(i, layers) + stalls(i) + kind(i) for i in range(layers)]
     if whole != short[:c] + [short[c - 1]] * g + short[c:]:
         return None
     lo, hi = c - CHECKED - 2, c + CHECKED + 1  # every layer the checked windows touch
@@ -122,7 +141,7 @@ def plan_fold(layers: int, signature, allocator_stall: dict[str, float] | None =
                 short_stall[f"L{i if i < c else i - g}.{rest}"] = v
         else:
             short_stall[key] = v
-    return Fold(layers, allocator_stall=short_stall)
+    return Fold(layers, n_short, c, allocator_stall=short_stall)
 
 
 # ------------------------------------------------------------------------------------- labels

@@ -517,7 +517,9 @@ class ModelConfig:
         if self.moe and self.dense_layers:
             out.append(f"{self.dense_layers} of {self.layers} layers have a dense FFN (width {self.ffn}): the model's "
                        f"parameter count and each pipeline stage's model states are exact ({self.dense_where}), "
-                       f"but the simulator prices their time and activations as a MoE layer's")
+                       f"and so is their time, priced as a dense layer's in every schedule "
+                       f"(`memo_sim.model.layer_kinds`); their activations and transients are priced as a MoE "
+                       f"layer's")
         if self.mtp_layers:
             n = self.mtp_layers
             out.append(f"multi-token prediction ({modules_words(n)}, {fmt_params(self.mtp_params())} "
@@ -634,7 +636,7 @@ class ModelConfig:
 
     def unplaced_attention_words(self) -> str:
         """'' unless the sliding-window or chunked layers have no period placing them: a pipeline stage's layers are
-        then priced at the mean of the model's (`memo_sim.model.attention_kinds`)."""
+        then priced at the mean of the model's (`memo_sim.model.layer_kinds`)."""
         some = [f"{n} {what}" for what, n, period in (("sliding-window", self.sliding_layers, self.sliding_period),
                                                       ("chunked", self.chunked_layers, self.chunked_period))
                 if n and n < self.layers and not period]
@@ -655,6 +657,16 @@ class ModelConfig:
         layer): ``attention_chunk`` where it is chunked, 0 where it attends to every earlier token; None where the
         model does not say (``chunked_layers`` some but not all of the layers, no ``chunked_period``)."""
         return _pattern_at(self.layers, i, self.chunked_layers, self.chunked_period, self.attention_chunk)
+
+    def dense_view(self) -> "ModelConfig":
+        """The model without its experts: a dense layer of FFN width ``ffn`` (a mixture of experts' dense layers,
+        `memo_sim.model.layer_kinds`; the dense layer whose skeletal tensors memo-exec saves for every layer of a
+        MoE model too, `memo_exec.layer`); the model itself where it is dense."""
+        if not self.moe:
+            return self
+        return replace(self, experts=0, top_k=0, expert_ffn=0, shared_experts=0, shared_ffn=0, shared_gate=False,
+                       dense_layers=0, dense_period=0, moe_bias=False, router_groups=0, router_group_topk=0,
+                       router_scaling=1.0)
 
     def dense_layer_at(self, i: int) -> bool:
         """Whether layer ``i`` (0-based) of a mixture of experts keeps a dense FFN: one of the first

@@ -54,7 +54,7 @@ from memo_sim.engine.schedules.single_stage import collective_link
 from memo_sim.errors import MemoError
 from memo_sim.layout.parallel import distinct_shards, stage_shards
 from memo_sim.memplan.trace_gen import per_gpu_shard
-from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
+from memo_sim.model.layer_kinds import distinct_kinds, ffn_kinds, kind_model, layer_kinds
 from memo_sim.model.flops import tgs
 from memo_sim.search.estimate import (_forward_backward_times, compute_stream_times, dp_stream_seconds, ep_overlap_times,
                                       stage_shard)
@@ -105,9 +105,22 @@ def single_stage_bound(c) -> float:
     bt = boundary_times(model, lay, mb, c.seq, profile, recompute_mtp=policy.recomputes_mtp)
     sync = grad_sync(model, lay, profile)
     bucket = (sync.embedding_grad if sync.overlapped else sync.all_grads) if sync.active else 0.0
-    one = bt.embedding + n * (f + b) + recomputed * r + bt.classifier
+    if ffn_kinds(model):  # each layer at its kind's times (a mixture of experts' dense layers)
+        one = bt.embedding + _kinds_chain(model, per_gpu_shard(lay), mb, c.seq, policy, profile, r > 0) + bt.classifier
+    else:
+        one = bt.embedding + n * (f + b) + recomputed * r + bt.classifier
     stream = dp_stream_seconds(sync, n, m, lay.zero)
-    return max(m * one + bucket + bt.optimizer, stream, _contention_seconds(c, n, m, recomputed, sync, stream))
+    return max(m * one + bucket + bt.optimizer, stream, _contention_seconds(c, m, r > 0, sync, stream))
+
+
+@memoised(maxsize=1 << 12)
+def _kinds_chain(model, shard, batch, seq, policy, profile, recomputes: bool) -> float:
+    """The single stage's layers of one micro-batch, each at its kind's forward, backward and (where the policy
+    re-runs it) recompute seconds (`memo_sim.model.layer_kinds.ffn_kinds`)."""
+    n, kinds = model.layers, ffn_kinds(model)
+    times = {k: _phase_times(kind_model(model, k), shard, batch, seq, policy, profile) for k in dict.fromkeys(kinds)}
+    return sum(times[k][0] + times[k][1] + (times[k][2] if recomputes and policy.recomputes_layer(i, n) else 0.0)
+               for i, k in enumerate(kinds))
 
 
 def _link_seconds(costs, layout, profile) -> dict[str, tuple[float, float]]:
@@ -139,7 +152,25 @@ def _layer_streams(model, shard, batch, seq, policy, profile) -> tuple:
             _link_seconds(rec, shard, profile) if rec else {})
 
 
-def _contention_seconds(c, n: int, m: int, recomputed: int, sync, stream: float) -> float:
+@memoised(maxsize=1 << 15)
+def _layers_streams(model, shard, batch, seq, policy, profile, recomputes: bool) -> tuple:
+    """One micro-batch's layers, every one (at its kind's lists where they differ, `ffn_kinds`), the recomputed ones
+    again: (compute-stream seconds, {link: (its collectives' seconds alone, summed; the fewest SMs one holds)})."""
+    n, kinds = model.layers, ffn_kinds(model)
+    of = ({k: _layer_streams(kind_model(model, k), shard, batch, seq, policy, profile) for k in dict.fromkeys(kinds)}
+          if kinds else {None: _layer_streams(model, shard, batch, seq, policy, profile)})
+    work, links = 0.0, {}
+    for i in range(n):
+        fb_on, r_on, fb_links, r_links = of[kinds[i] if kinds else None]
+        again = recomputes and policy.recomputes_layer(i, n)
+        work += fb_on + (r_on if again else 0.0)
+        for link, (w, held) in (*fb_links.items(), *(r_links.items() if again else ())):
+            had, few = links.get(link, (0.0, float("inf")))
+            links[link] = (had + w, min(few, held))
+    return work, links
+
+
+def _contention_seconds(c, m: int, recomputes: bool, sync, stream: float) -> float:
     """The single stage's links and SMs (module docs). Links: each of the GPU's links (its NVLink port, its share
     of the node's NICs) carries its collectives one fluid flow each, at most its capacity in all, so the iteration
     lasts at least the seconds alone of every collective on one link, summed: the layers' (every micro-batch, the
@@ -148,16 +179,14 @@ def _contention_seconds(c, n: int, m: int, recomputed: int, sync, stream: float)
     kernels (``work`` seconds one after another at their stand-alone times) run at most at the SM share the
     fewest SMs a kernel among them holds leave (`memo_sim.cost.comm_sms.compute_share`), so an iteration of ``T``
     runs ``work <= (T - u) + share x u``: ``T >= work + (1 - share) x u``."""
-    shard, mb = per_gpu_shard(c.layout), c.micro_batch or c.batch
-    fb_on, r_on, fb_links, r_links = _layer_streams(c.model, shard, mb, c.seq, c.policy, c.profile)
+    work, links = _layers_streams(c.model, per_gpu_shard(c.layout), c.micro_batch or c.batch, c.seq, c.policy,
+                                  c.profile, recomputes)
     nccl, none = nccl_sms(c.profile), float("inf")
     busy = [(stream, nccl)] if stream > 0.0 else []  # (seconds some communication kernels run, the fewest SMs one holds)
-    for link in {*fb_links, *r_links}:
-        fw, fh = fb_links.get(link, (0.0, none))
-        rw, rh = r_links.get(link, (0.0, none)) if recomputed else (0.0, none)
+    for link, (w, held) in links.items():
         dp = stream > 0.0 and link == sync.link
-        busy.append((m * (n * fw + recomputed * rw) + (stream if dp else 0.0), min(fh, rh, nccl if dp else none)))
-    work = m * (n * fb_on + recomputed * r_on)
+        busy.append((m * w + (stream if dp else 0.0), min(held, nccl) if dp else held))
+    work *= m
     return max((max(u, work + (1.0 - (compute_share(held, c.profile) if held < none else 1.0)) * u)
                 for u, held in busy if u > 0.0), default=0.0)
 

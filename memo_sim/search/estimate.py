@@ -37,7 +37,7 @@ from memo_sim.engine.schedules.microbatch import pipeline_order
 from memo_sim.cost.sppo import stage_split_key
 from memo_sim.layout.parallel import Layout, distinct_shards, stage_shard, stage_shards
 from memo_sim.memplan.trace_gen import per_gpu_shard
-from memo_sim.model.attention_kinds import distinct_kinds, kind_model, kinds_of
+from memo_sim.model.layer_kinds import distinct_kinds, ffn_kinds, kind_model, kinds_of
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.alpha import AlphaProblem, AlphaResult, solve_alpha_closed_form
 from memo_sim.policy.base import Policy
@@ -209,8 +209,20 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     lt = layer_times(model, layout, batch, seq, policy, profile)
     n = model.layers
     n_off = policy.offloaded_layers(n)
-    n_keep = n - n_off
-    fwd = n_off * max(lt.forward, lt.offload) + n_keep * lt.forward
+    # the layers' times by kind where they differ (a mixture of experts' dense layers, `memo_sim.model.layer_kinds`),
+    # in groups of (how many, their times, offloaded): the repeated layer's, offloaded and kept, where they do not
+    kinds = ffn_kinds(model)
+    if kinds:
+        of_kind = {k: layer_times(kind_model(model, k), layout, batch, seq, policy, profile) for k in dict.fromkeys(kinds)}
+        per_layer = [of_kind[k] for k in kinds]
+        counts: dict[tuple, int] = {}
+        for i, k in enumerate(kinds):
+            counts[(k, i < n_off)] = counts.get((k, i < n_off), 0) + 1
+        groups = [(c, of_kind[k], off) for (k, off), c in counts.items()]
+    else:
+        per_layer = [lt] * n
+        groups = [(n_off, lt, True), (n - n_off, lt, False)]
+    fwd = sum(c * (max(t.forward, t.offload) if off else t.forward) for c, t, off in groups)
     # offloaded layers: the prefetch runs beside the previous layer's backward (and recompute)
     bwd = 0.0
     # ZeRO: a layer's weight gather is exposed where it outlasts the layer unit it runs beside (the next layer's is
@@ -218,28 +230,30 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     # long as the prefetch beside them (a review: the gathers counted exposed beside the compute alone, so a faster
     # GPU's offload-bound plan was estimated slower)
     sync = grad_sync(model, layout, profile)
-    gathers = (n_off * max(0.0, sync.layer_gather - max(lt.forward, lt.offload))
-               + n_keep * max(0.0, sync.layer_gather - lt.forward))
+    gathers = sum(c * max(0.0, sync.layer_gather - (max(t.forward, t.offload) if off else t.forward))
+                  for c, t, off in groups)
     for i in range(n):
-        r = lt.recompute if policy.recomputes_layer(i, n) else 0.0
-        unit = max(lt.backward + r, lt.prefetch) if i < n_off else lt.backward + r
+        t = per_layer[i]
+        r = t.recompute if policy.recomputes_layer(i, n) else 0.0
+        unit = max(t.backward + r, t.prefetch) if i < n_off else t.backward + r
         bwd += unit
         if sync.gather_in_backward:
             gathers += max(0.0, sync.layer_gather - unit)
-    exposed = n_off * (max(0.0, lt.offload - lt.forward)
-                       + max(0.0, lt.prefetch - lt.backward - lt.recompute))
+    exposed = sum(c * (max(0.0, t.offload - t.forward) + max(0.0, t.prefetch - t.backward - t.recompute))
+                  for c, t, off in groups if off)
+    lt_first, lt_last = per_layer[0], per_layer[-1]
     # FSDP2's copies on the compute stream, every micro-batch (`memo_sim.cost.grad_sync.GradSync.layer_copy_out`)
     fwd += n * sync.layer_copy_out
     bwd += n * (sync.layer_copy_out * sync.gather_in_backward + sync.layer_copy_in * sync.overlapped)
     bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
     sync_exposed = sync.all_grads / n if sync.overlapped else sync.all_grads
     # the multi-token-prediction modules' weights, gathered beside the last layer's forward (twice under ZeRO-3)
-    gathers += max(0.0, sync.mtp_gather * (2 if sync.gather_in_backward else 1) - lt.forward)
+    gathers += max(0.0, sync.mtp_gather * (2 if sync.gather_in_backward else 1) - lt_last.forward)
     # the embedding's unit before the step's first op (nothing to hide it; again beside the first layer's backward
     # under ZeRO-3), the head's beside the last layer's forward (`memo_sim.cost.grad_sync`)
-    gathers += sync.embedding_gather + max(0.0, sync.head_gather - lt.forward)
+    gathers += sync.embedding_gather + max(0.0, sync.head_gather - lt_last.forward)
     if sync.gather_in_backward and not sync.embedding_kept:
-        gathers += max(0.0, sync.embedding_gather - lt.backward)
+        gathers += max(0.0, sync.embedding_gather - lt_first.backward)
     gathers += sync.step_gather  # ZeRO-1/2 gathering after the step: nothing beside it (`memo_sim.cost.grad_sync`)
     if m == 1:
         total = bt.embedding + fwd + bt.classifier + bwd + sync_exposed + gathers + bt.optimizer
@@ -303,7 +317,7 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
         f_unit = max(t.forward, t.offload) if policy.offloads else t.forward
         return f_unit + (max(t.backward + r, t.prefetch) if policy.offloads else t.backward + r)
 
-    # a stage's layers at their attention kinds' times where those differ (`memo_sim.model.attention_kinds`), on its
+    # a stage's layers at their attention kinds' times where those differ (`memo_sim.model.layer_kinds`), on its
     # own shard
     by_kinds = [{k: units(_layer_times(kind_model(model, k), sh, micro_batch, seq, policy, profile, active))
                  for k in distinct_kinds(model)} for sh in own]

@@ -105,7 +105,7 @@ from memo_sim.layout.parallel import (
 )
 from memo_sim.layout.schedule import ideal_bubble_fraction
 from memo_sim.memplan.footprint import memory_breakdown
-from memo_sim.model.attention_kinds import distinct_kinds, kind_model, layer_kinds
+from memo_sim.model.layer_kinds import distinct_kinds, kind_model, layer_kinds
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy, uses_memory_plan
 from memo_sim.policy.rounding_buffers import N_BUFFERS, is_offloaded, output_write_waits_for
@@ -278,7 +278,7 @@ class PipelineCosts:
     # the multi-token-prediction modules' activations one micro-batch keeps on the last stage from its head to its
     # backward step (`memo_sim.cost.memory.mtp_activation_bytes`; within the head they are in ``classifier_bytes``)
     mtp_kept_bytes: float = 0.0
-    # where the layers' attention differs and its placement is stated (`memo_sim.model.attention_kinds`): each
+    # where the layers' attention differs and its placement is stated (`memo_sim.model.layer_kinds`): each
     # layer's kind, and the forward, backward and recompute op lists of each kind (() / {}: every layer's the above)
     layer_kinds: tuple = ()
     kind_phases: dict = field(default_factory=dict)
@@ -307,7 +307,7 @@ class PipelineCosts:
 
 def kind_phases(model: ModelConfig, shard: Layout, micro_batch: int, seq: int, policy: Policy,
                 profile: HardwareProfile, mem) -> dict:
-    """Each attention kind's (forward, backward, recompute) on a stage's shard (`memo_sim.model.attention_kinds`;
+    """Each attention kind's (forward, backward, recompute) on a stage's shard (`memo_sim.model.layer_kinds`;
     {} where every layer is priced alike), over the repeated layer's memory terms (a layer's kept and transient
     bytes do not depend on how many keys its queries attend to)."""
     out = {}

@@ -62,7 +62,7 @@ to `Engine`, `OpGraph` or the link model was needed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from memo_sim.units import fmt_bytes
@@ -88,6 +88,7 @@ from memo_sim.memplan.iteration_replay import engine_replay, fragmentation_words
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
+from memo_sim.model.layer_kinds import ffn_kinds, kind_model
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS, output_write_waits_for, prefetch_after_backward_of
 from memo_sim.profile.schema import HardwareProfile
@@ -211,6 +212,14 @@ class LayerPlan:
     skeletal: dict[str, float]
     working_bytes: float  # transient pseudo block + the activation handed between layers
     host_block_bytes: float  # pinned bytes per offloaded layer and GPU
+    # layers of other kinds (`memo_sim.model.layer_kinds.ffn_kinds`: a mixture of experts' dense layers): each laid-out
+    # layer's kind, and each kind's (forward, backward, recompute); () and {}: every layer runs the lists above
+    kinds: tuple = ()
+    kind_lists: dict = field(default_factory=dict)
+
+    def phases_of(self, layer: int) -> tuple[list[OpCost], list[OpCost], list[OpCost]]:
+        """(forward, backward, recompute) of laid-out layer ``layer``: its kind's, or the repeated layer's."""
+        return self.kind_lists[self.kinds[layer]] if self.kinds else (self.forward, self.backward, self.recompute)
 
 
 def layer_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
@@ -259,7 +268,7 @@ def layer_signature(policy: Policy, layer: int, n_layers: int) -> tuple:
 def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                     profile: HardwareProfile, *, classifier_chunk_tokens: int = CLASSIFIER_CHUNK_TOKENS,
                     device: Device | None = None, allocator_stall: dict[str, float] | None = None,
-                    layers: int | None = None, micro_batches: int = 1) -> Schedule:
+                    layers: int | None = None, micro_batches: int = 1, kinds: tuple | None = None) -> Schedule:
     """The op graph of one full training iteration on the representative GPU.
 
     ``allocator_stall``: seconds the caching allocator's reorganisations stall the compute stream,
@@ -269,7 +278,9 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
 
     ``layers``: lay out this many layers instead of the model's (the memory, boundary and
     gradient-sync terms stay the whole model's): the shortened schedule that
-    `memo_sim.engine.periodic` simulates when it folds identical layers.
+    `memo_sim.engine.periodic` simulates when it folds identical layers; ``kinds``: the kind of each laid-out layer
+    where the model's layers differ (None: the model's own, `memo_sim.model.layer_kinds.ffn_kinds`; a short schedule
+    gives those of the model layers it stands for).
 
     ``micro_batches``: gradient accumulation over that many micro-batches of ``batch`` sequences
     each, one after the other (`_micro_batch`); the optimizer steps once after the last."""
@@ -278,6 +289,16 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
                            active_gpus_per_node=dev.group)
     n = model.layers if layers is None else layers
     lp = layer_plan(model, layout, batch, seq, policy, profile, mem, n)
+    if kinds is None:
+        kinds = ffn_kinds(model)
+        if kinds and n != model.layers:
+            raise ValueError("a short schedule of a model whose layers differ needs each laid-out layer's kind")
+    if kinds:  # each kind's op lists over the repeated layer's memory terms (`memo_sim.model.layer_kinds`)
+        lists = {}
+        for k in dict.fromkeys(kinds):
+            kp = layer_plan(kind_model(model, k), layout, batch, seq, policy, profile, mem, n)
+            lists[k] = (kp.forward, kp.backward, kp.recompute)
+        lp = replace(lp, kinds=tuple(kinds), kind_lists=lists)
     bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
     sync = grad_sync(model, layout, profile)
     d = dev.index
@@ -378,7 +399,7 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
             deps = copy_op("fsdp_copy_out", i, "fwd", sync.layer_copy_out, deps + [gather_f[i]])
         # the op writing layer i+1's input into buffer (i+1)%2 waits until offload(i-1) has read it
         j = output_write_waits_for(i, n)
-        tail = chain(lp.forward, i, "fwd", deps, gpu(i, policy.forward_kept(sk)),
+        tail = chain(lp.phases_of(i)[0], i, "fwd", deps, gpu(i, policy.forward_kept(sk)),
                      last_deps=[offload[j]] if j in offload else [])
         fwd_tail[i] = tail
         if i < lp.offloaded_layers and lp.offload_bytes > 0:
@@ -426,11 +447,12 @@ def _micro_batch(g: OpGraph, sched: Schedule, d: int, n: int, mb: int, micro_bat
                        mem_end=(MemAction("host", f"L{i}.offload", -lp.host_block_bytes),))
             sched.copies.setdefault((i, "prefetch"), pf)
             deps.append(pf)
-        if policy.recomputes_layer(i, n) and lp.recompute:
-            tail = chain(lp.recompute, i, "recompute", deps, gpu(i, policy.recompute_allocated(sk)))
+        _f, back, rec = lp.phases_of(i)
+        if policy.recomputes_layer(i, n) and rec:
+            tail = chain(rec, i, "recompute", deps, gpu(i, policy.recompute_allocated(sk)))
             deps = tail
         freed = gpu(i, policy.recompute_allocated(sk) + policy.forward_kept(sk), -1.0)
-        tail = chain(lp.backward, i, "bwd", deps, (), freed)
+        tail = chain(back, i, "bwd", deps, (), freed)
         if reduce_now and sync.overlapped:  # the gradients into the reduce-scatter's input first (FSDP2)
             tail = copy_op("fsdp_copy_in", i, "bwd", sync.layer_copy_in, tail)
         bwd_end[i] = tail
@@ -506,7 +528,7 @@ def simulate_single_stage(model: ModelConfig, layout: Layout, batch: int, seq: i
     stall = replay.stall_by_phase(profile) if replay is not None else None
     plan = None
     if fold and not record and m == 1:
-        plan = plan_fold(model.layers, partial(layer_signature, policy), stall)
+        plan = plan_fold(model.layers, partial(layer_signature, policy), stall, ffn_kinds(model))
     out = None
     if plan is not None:
         out = _run_folded(model, layout, micro_batch, seq, policy, profile, plan, contention=contention,
@@ -608,8 +630,10 @@ def _run_folded(model, layout, batch, seq, policy, profile, plan: Fold, *, conte
                 keep_timeline) -> _Outcome | None:
     """Identical layers simulated once (`memo_sim.engine.periodic`); None where the short run is
     not periodic, or failed and a timeline is wanted (the whole run then gives it)."""
+    kinds = ffn_kinds(model)  # each short layer as the model layer it stands for (`plan_fold` checked them alike)
     sched = build_iteration(model, layout, batch, seq, policy, profile, classifier_chunk_tokens=classifier_chunk_tokens,
-                            allocator_stall=plan.allocator_stall, layers=plan.simulated)
+                            allocator_stall=plan.allocator_stall, layers=plan.simulated,
+                            kinds=tuple(kinds[plan.model_layer(i)] for i in range(plan.simulated)) if kinds else None)
     if not keep_timeline:
         out = _static_failure(sched, profile, plan, contention=contention)
         if out is not None:
