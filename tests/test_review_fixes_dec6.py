@@ -84,3 +84,31 @@ def test_linear_attention_keys_are_refused_in_a_family_memo_reads(tmp_path, extr
     assert f"{key}:" in str(e.value) and "not modelled" in str(e.value)
     path.write_text(json.dumps(raw))  # the config itself still reads
     assert get_model(str(path)).moe
+
+
+def test_an_answer_on_the_edge_names_the_fastest_simulated_plan_with_room_for_the_measured_error():
+    """The review: the default answer at 99.9% of the GPU, while a runner-up that leaves 11 GiB gave up 18.8%; the
+    margin line names the fastest simulated plan whose deciding peak fits 17.7% higher (memo-exec's measured top), or
+    the --headroom that searches for one."""
+    from types import SimpleNamespace
+
+    from memo_sim.report.whatif_answer import margin_line
+
+    cap = 78 * GiB
+
+    def cand(peak: float, reserved: float, tgs: float, label: str):
+        return SimpleNamespace(simulated={"peak_gpu_bytes": peak, "allocator": {"static_memory_plan": False,
+                                                                                 "peak_reserved_bytes": reserved}},
+                               policy=get_policy("full_recompute"), layout=Layout(tp=8, sp=True) if label else
+                               Layout(tp=8), memory=SimpleNamespace(gpu_capacity_bytes=cap, peak_gpu_bytes=peak),
+                               status="OK", tgs=tgs)
+
+    best = cand(0.97 * cap, 0.995 * cap, 100.0, "")
+    tight = cand(0.9 * cap, 0.9 * cap, 95.0, "x")  # 0.9 x 1.177 > 1: no room for the error's top
+    roomy = cand(0.8 * cap, 0.84 * cap, 81.0, "x")
+    words = margin_line(SimpleNamespace(best=best, shown=[best, tight, roomy]))
+    assert "the fastest simulated plan that fits a peak 17.7% higher: #3 tp8+sp full_recompute, 81 tokens/GPU/s " \
+           "(19.0% below the answer), peak 84.0% of the usable memory (--headroom 15% searches" in words, words
+    words = margin_line(SimpleNamespace(best=best, shown=[best, tight]))
+    assert words.endswith("no simulated plan of the ranking fits a peak 17.7% higher: --headroom 15% searches with "
+                          "that room"), words

@@ -79,13 +79,14 @@ def _stub_candidate(peak: float, reserved: float, cap: float):
 def test_margin_line_holds_the_deciding_reserved_peak():
     """Bug 1: "on the edge: ... 96.0% ...; a peak 4.0% higher would not fit" where the reserved peak was 98.1%."""
     cap = 78 * GiB
-    words = margin_line(SimpleNamespace(best=_stub_candidate(0.96 * cap, 0.981 * cap, cap)))
+    words = margin_line(SimpleNamespace(best=_stub_candidate(0.96 * cap, 0.981 * cap, cap), shown=[]))
     assert "reserved peak" in words and "is 98.1% of the usable memory" in words and "1.9% higher" in words, words
     # a reserved peak below the allocated one's edge leaves the line as it was
     assert "the predicted GPU peak is 96.0%" in margin_line(SimpleNamespace(best=_stub_candidate(0.96 * cap,
-                                                                                                0.5 * cap, cap)))
+                                                                                                0.5 * cap, cap),
+                                                                            shown=[]))
     # the reserved peak alone puts a plan on the edge
-    assert "is 97.0% of" in margin_line(SimpleNamespace(best=_stub_candidate(0.7 * cap, 0.97 * cap, cap)))
+    assert "is 97.0% of" in margin_line(SimpleNamespace(best=_stub_candidate(0.7 * cap, 0.97 * cap, cap), shown=[]))
 
 
 def test_explain_replays_expandable_segments_instead_of_promising_the_cache_back(reserved_plan):

@@ -67,8 +67,8 @@ MoE layer and the N - 1 before it dense (Llama 4 Maverick's ``interleave_moe_lay
 (`memo_sim.cost.sppo.stage_dense_layer_count`), Megatron-Core's --moe-layer-freq is written from them, and
 memo-exec builds them there; a Hugging Face config whose dense layers follow neither pattern has that named in
 ``not_modelled``. The
-simulator prices every layer's time and activations as a MoE layer's (one repeated layer; each
-what-if names it).
+simulator prices a dense layer's time as a dense layer's in every schedule (`memo_sim.model.layer_kinds`) and every
+layer's activations as a MoE layer's (one repeated layer's memory terms; each what-if names it).
 
 The router's chosen weights (``router_normalised``, Hugging Face's ``norm_topk_prob``): True (the default), the k
 chosen weights renormalised to sum to 1 (Mixtral, Qwen3-MoE, DeepSeek-V3, GLM-4.5, GPT-OSS; under softmax routing
