@@ -111,3 +111,17 @@ def test_plan_fold_moves_its_cut_past_leading_layers_of_another_kind():
     assert periodic.plan_fold(48, sig, None, ("dense",) * 20 + ("moe",) * 28) is None  # past MAX_SHIFT
     assert (periodic.plan_fold(48, sig).cut, periodic.plan_fold(48, sig).simulated) == (periodic.CUT,
                                                                                          periodic.FOLD_LAYERS)
+
+
+def test_a_kinds_layer_times_copy_the_repeated_layers_activations():
+    """The schedules offload and prefetch the repeated (MoE) layer's bytes for every layer, as its memory terms are
+    the repeated layer's: a dense kind's estimate takes those copies and its own compute."""
+    from memo_sim.memplan.trace_gen import per_gpu_shard
+    from memo_sim.search.estimate import kind_layer_times, layer_times
+
+    pol = get_policy("full_offload")
+    rep = layer_times(ALTERNATE, LAY, 1, SEQ, pol, H100)
+    dense = kind_layer_times(ALTERNATE, (None, None, True), per_gpu_shard(LAY), 1, SEQ, pol, H100, 8)
+    own = layer_times(kind_model(ALTERNATE, (None, None, True)), LAY, 1, SEQ, pol, H100)
+    assert rep.offload > 0 and (dense.offload, dense.prefetch) == (rep.offload, rep.prefetch)
+    assert (dense.forward, dense.backward) == (own.forward, own.backward) and dense.forward < rep.forward

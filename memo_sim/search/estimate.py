@@ -119,6 +119,16 @@ def ep_overlap_times(model: ModelConfig, layout: Layout, batch: int, seq: int,
     return max(0.0, critical_time(fwd) + critical_time(bwd) - pair), *on_compute
 
 
+def kind_layer_times(model: ModelConfig, kind, shard: Layout, batch: int, seq: int, policy: Policy,
+                     profile: HardwareProfile, active: int) -> LayerTimes:
+    """A layer of ``kind`` (`memo_sim.model.layer_kinds`): its own forward, backward and recompute, and the repeated
+    layer's offload and prefetch, whose bytes every layer moves (the schedules copy the repeated layer's activations:
+    a layer's memory terms are the repeated layer's)."""
+    own, rep = (_layer_times(kind_model(model, kind), shard, batch, seq, policy, profile, active),
+                _layer_times(model, shard, batch, seq, policy, profile, active))
+    return LayerTimes(own.forward, own.backward, own.recompute, rep.offload, rep.prefetch)
+
+
 def layer_times(model: ModelConfig, layout: Layout, batch: int, seq: int, policy: Policy,
                 profile: HardwareProfile) -> LayerTimes:
     """Memoised per (model, per-GPU shard, batch, seq, policy, profile, active GPUs of the node):
@@ -213,7 +223,9 @@ def estimate_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int,
     # in groups of (how many, their times, offloaded): the repeated layer's, offloaded and kept, where they do not
     kinds = ffn_kinds(model)
     if kinds:
-        of_kind = {k: layer_times(kind_model(model, k), layout, batch, seq, policy, profile) for k in dict.fromkeys(kinds)}
+        active = active_gpus_per_node(layout, profile)
+        of_kind = {k: kind_layer_times(model, k, per_gpu_shard(layout), batch, seq, policy, profile, active)
+                   for k in dict.fromkeys(kinds)}
         per_layer = [of_kind[k] for k in kinds]
         counts: dict[tuple, int] = {}
         for i, k in enumerate(kinds):
@@ -317,9 +329,8 @@ def estimate_pipeline(model: ModelConfig, layout: Layout, batch: int, micro_batc
         f_unit = max(t.forward, t.offload) if policy.offloads else t.forward
         return f_unit + (max(t.backward + r, t.prefetch) if policy.offloads else t.backward + r)
 
-    # a stage's layers at their attention kinds' times where those differ (`memo_sim.model.layer_kinds`), on its
-    # own shard
-    by_kinds = [{k: units(_layer_times(kind_model(model, k), sh, micro_batch, seq, policy, profile, active))
+    # a stage's layers at their kinds' times where those differ (`memo_sim.model.layer_kinds`), on its own shard
+    by_kinds = [{k: units(kind_layer_times(model, k, sh, micro_batch, seq, policy, profile, active))
                  for k in distinct_kinds(model)} for sh in own]
     at = [next(i for i, o in enumerate(own) if o is sh) for sh in shards]  # each stage's shard in ``own``
     layers_work = [sum(n * by_kinds[at[s]][k] for k, n in kinds_of(model, stage_layer_indices(model, layout, s)).items())
