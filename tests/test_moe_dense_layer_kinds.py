@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from memo_sim.cost.layer_time import critical_time, forward_costs
+from memo_sim.cost.layer_time import backward_costs, critical_time, forward_costs
 from memo_sim.engine.simulate import simulate
 from memo_sim.layout.parallel import Layout
 from memo_sim.model.config import get_model
@@ -39,9 +39,20 @@ def test_a_dense_layer_kind_is_the_model_without_experts():
     assert not dense.moe and dense.ffn == 6144 and dense.layers == 48
     names = [c.name for c in forward_costs(dense, LAY, 1, SEQ, H100)]
     assert not any(n.startswith("moe_") for n in names)
-    moe = kind_model(ALTERNATE, (None, None, False))
-    assert moe.moe and moe.moe_layers == 48
-    assert any(c.name.startswith("moe_") for c in forward_costs(moe, LAY, 1, SEQ, H100))
+    assert kind_model(ALTERNATE, (None, None, False)) is ALTERNATE  # the repeated layer is the MoE layer
+
+
+@pytest.mark.parametrize("policy", ["store_all", "full_recompute", "recompute_moe", "memo", "full_offload"])
+def test_a_mixed_models_repeated_layer_is_its_moe_layer(policy):
+    """What `kind_model` relies on for a MoE kind: a model mixing dense layers prices its repeated layer as the MoE
+    layer of the all-MoE model, op for op, recompute and copies alike."""
+    pol = get_policy(policy, 0.5 if policy == "memo" else None)
+    for m in (FIRST3, ALTERNATE):
+        for lay in (LAY, Layout(tp=1, ep=8, cp=2, dp=4, moe=True)):
+            assert forward_costs(m, lay, 1, SEQ, H100) == forward_costs(ALL_MOE, lay, 1, SEQ, H100)
+            assert backward_costs(m, lay, 1, SEQ, H100) == backward_costs(ALL_MOE, lay, 1, SEQ, H100)
+            assert pol.recompute_costs(m, lay, 1, SEQ, H100) == pol.recompute_costs(ALL_MOE, lay, 1, SEQ, H100)
+            assert pol.offload_bytes(m, lay, 1, SEQ) == pol.offload_bytes(ALL_MOE, lay, 1, SEQ)
 
 
 @pytest.mark.parametrize("policy", ["store_all", "full_recompute", "recompute_moe"])

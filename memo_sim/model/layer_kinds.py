@@ -64,15 +64,15 @@ def ffn_kinds(model: ModelConfig) -> tuple[Kind, ...]:
 
 @lru_cache(maxsize=1024)
 def kind_model(model: ModelConfig, kind: Kind) -> ModelConfig:
-    """The model with every layer of ``kind``: its attention FLOPs are that layer's (`attention_flop_fraction`), its
-    FFN the dense one (`ModelConfig.dense_view`) or the MoE block on every layer."""
+    """The model whose repeated layer is of ``kind``: its attention FLOPs are that layer's (`attention_flop_fraction`),
+    its FFN the dense one (`ModelConfig.dense_view`) or, for a MoE layer, the model's own (a mixture of experts'
+    repeated layer is its MoE layer, whatever dense layers it mixes in: the same op lists, recompute and copies,
+    tests/test_moe_dense_layer_kinds.py; so the repeated layer's priced costs serve the MoE layers)."""
     w, c, dense = kind
     if w is not None:
         model = replace(model, sliding_window=w, sliding_layers=model.layers if w else 0, sliding_period=0,
                         attention_chunk=c, chunked_layers=model.layers if c else 0, chunked_period=0)
-    if model.mixes_dense_layers:
-        model = model.dense_view() if dense else replace(model, dense_layers=0, dense_period=0)
-    return model
+    return model.dense_view() if dense and model.mixes_dense_layers else model
 
 
 def distinct_kinds(model: ModelConfig) -> list[Kind]:
