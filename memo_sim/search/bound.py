@@ -148,7 +148,7 @@ def _layer_streams(model, shard, batch, seq, policy, profile) -> tuple:
     rec = policy.recompute_costs(model, shard, batch, seq, profile)
     fb = _link_seconds([*forward_costs(model, shard, batch, seq, profile),
                         *backward_costs(model, shard, batch, seq, profile)], shard, profile)
-    return (f_on + b_on, sum(k.seconds for k in rec if k.stream == "compute") if rec else 0.0, fb,
+    return (f_on + b_on, _recompute_on_compute(model, shard, batch, seq, policy, profile), fb,
             _link_seconds(rec, shard, profile) if rec else {})
 
 

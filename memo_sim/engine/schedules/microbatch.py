@@ -96,7 +96,7 @@ from memo_sim.engine.schedules.ep_overlap import (
     FWD_SEGMENTS, PAIR_ORDER, delay_weight_grads, merged_pairs, overlapped_order, split_layer,
 )
 from memo_sim.engine.schedules.microbatch_fold import MICRO_BATCHES, mb_name, mb_tensor, plan_window_fold
-from memo_sim.engine.schedules.single_stage import emit_chain, layer_plan
+from memo_sim.engine.schedules.single_stage import emit_chain, kind_phases, layer_plan
 from memo_sim.engine.schedules.stages import FINE_OPS_LIMIT, collapse_unit, shared_embedding_sums, stage_devices
 from memo_sim.errors import MemoError
 from memo_sim.layout.alloc_conf import gpu_limit_bytes
@@ -105,7 +105,7 @@ from memo_sim.layout.parallel import (
 )
 from memo_sim.layout.schedule import ideal_bubble_fraction
 from memo_sim.memplan.footprint import memory_breakdown
-from memo_sim.model.layer_kinds import distinct_kinds, kind_model, layer_kinds
+from memo_sim.model.layer_kinds import layer_kinds
 from memo_sim.model.config import ModelConfig
 from memo_sim.policy.base import Policy, uses_memory_plan
 from memo_sim.policy.rounding_buffers import N_BUFFERS, is_offloaded, output_write_waits_for
@@ -303,18 +303,6 @@ class PipelineCosts:
         if self.layer_kinds:
             return self.kind_phases[self.layer_kinds[layer]]
         return self.forward, self.backward, self.recompute
-
-
-def kind_phases(model: ModelConfig, shard: Layout, micro_batch: int, seq: int, policy: Policy,
-                profile: HardwareProfile, mem) -> dict:
-    """Each attention kind's (forward, backward, recompute) on a stage's shard (`memo_sim.model.layer_kinds`;
-    {} where every layer is priced alike), over the repeated layer's memory terms (a layer's kept and transient
-    bytes do not depend on how many keys its queries attend to)."""
-    out = {}
-    for kind in distinct_kinds(model):
-        lp = layer_plan(kind_model(model, kind), shard, micro_batch, seq, policy, profile, mem)
-        out[kind] = (lp.forward, lp.backward, lp.recompute)
-    return out
 
 
 def pipeline_costs(model: ModelConfig, layout: Layout, micro_batch: int, seq: int, policy: Policy,

@@ -88,7 +88,7 @@ from memo_sim.memplan.iteration_replay import engine_replay, fragmentation_words
 from memo_sim.layout.parallel import Layout
 from memo_sim.memplan.footprint import MemoryBreakdown, memory_breakdown
 from memo_sim.model.config import ModelConfig
-from memo_sim.model.layer_kinds import ffn_kinds, kind_model
+from memo_sim.model.layer_kinds import distinct_kinds, ffn_kinds, kind_model
 from memo_sim.policy.base import Policy
 from memo_sim.policy.rounding_buffers import KEPT_LAYERS, output_write_waits_for, prefetch_after_backward_of
 from memo_sim.profile.schema import HardwareProfile
@@ -236,6 +236,19 @@ def layer_plan(model: ModelConfig, layout: Layout, batch: int, seq: int, policy:
                      policy.host_bytes_per_layer(model, layout, batch, seq, profile))
 
 
+def kind_phases(model: ModelConfig, shard: Layout, micro_batch: int, seq: int, policy: Policy,
+                profile: HardwareProfile, mem: MemoryBreakdown, kinds=None) -> dict:
+    """Each layer kind's (forward, backward, recompute) on a shard (`memo_sim.model.layer_kinds`; ``kinds`` those
+    to price, default the model's `distinct_kinds`: {} where every layer is priced alike), over the repeated
+    layer's memory terms (a layer's kept and transient bytes are the repeated layer's): the single stage's and the
+    micro-batch pipelines' lists of layers that differ."""
+    out = {}
+    for kind in (distinct_kinds(model) if kinds is None else kinds):
+        lp = layer_plan(kind_model(model, kind), shard, micro_batch, seq, policy, profile, mem)
+        out[kind] = (lp.forward, lp.backward, lp.recompute)
+    return out
+
+
 @dataclass
 class Schedule:
     graph: OpGraph
@@ -294,11 +307,8 @@ def build_iteration(model: ModelConfig, layout: Layout, batch: int, seq: int, po
         if kinds and n != model.layers:
             raise ValueError("a short schedule of a model whose layers differ needs each laid-out layer's kind")
     if kinds:  # each kind's op lists over the repeated layer's memory terms (`memo_sim.model.layer_kinds`)
-        lists = {}
-        for k in dict.fromkeys(kinds):
-            kp = layer_plan(kind_model(model, k), layout, batch, seq, policy, profile, mem, n)
-            lists[k] = (kp.forward, kp.backward, kp.recompute)
-        lp = replace(lp, kinds=tuple(kinds), kind_lists=lists)
+        lp = replace(lp, kinds=tuple(kinds),
+                     kind_lists=kind_phases(model, layout, batch, seq, policy, profile, mem, dict.fromkeys(kinds)))
     bt = boundary_times(model, layout, batch, seq, profile, recompute_mtp=policy.recomputes_mtp)
     sync = grad_sync(model, layout, profile)
     d = dev.index
